@@ -1,0 +1,47 @@
+"""The attention interface: a backend plans a batch once per step, then runs every layer.
+
+A batch packs the new tokens of many sequences into one [T] axis: a prefill chunk contributes
+its chunk length, a decode step one token (a verify step 1 + k tokens). Each sequence attends to
+its cached tokens plus its own new tokens, causally. Backends (torch here, flashinfer on a GPU)
+differ only in how they lay the batch out.
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from tandem.kv.cache import PagedKVCache
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceSlice:
+    """One sequence of a batch: `num_new` tokens appended after `num_cached` cached ones.
+
+    key_slots: flat KV slots of all num_cached + num_new tokens, in order."""
+
+    num_cached: int
+    num_new: int
+    key_slots: list[int]
+
+
+class AttentionBackend(ABC):
+    """Plans a batch (metadata shared by all layers) and computes attention for one layer."""
+
+    @abstractmethod
+    def plan(self, slices: list[SequenceSlice], sliding_window: int | None) -> object:
+        """Returns backend metadata for the batch; slices are in packed-token order."""
+
+    @abstractmethod
+    def forward(
+        self,
+        layer: int,
+        q: torch.Tensor,  # [T, num_heads, head_dim], rotary already applied
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        cache: PagedKVCache,
+        slot_mapping: torch.Tensor,  # [T] int64: where each new token's k, v are written
+        plan: object,
+        scale: float,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        """Writes k, v into the cache, then attends each query to its sequence's keys."""

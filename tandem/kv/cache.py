@@ -1,0 +1,42 @@
+"""Paged KV cache tensors: one flat slot array per layer, addressed through a PageAllocator."""
+
+from collections.abc import Sequence
+
+import torch
+
+from tandem.kv.pages import PageAllocator, PageCopy
+
+
+class PagedKVCache:
+    """Keys and values of every layer: k[layer] is [num_pages * page_size, num_kv_heads, head_dim].
+
+    The allocator decides which slots a sequence owns; this class only stores and copies."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ):
+        self.allocator = PageAllocator(num_pages, page_size)
+        shape = (num_pages * page_size, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.page_size = page_size
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def apply_copies(self, copies: Sequence[PageCopy]) -> None:
+        for copy in copies:
+            src = copy.src * self.page_size
+            dst = copy.dst * self.page_size
+            for layer_k, layer_v in zip(self.k, self.v):
+                layer_k[dst : dst + copy.num_slots] = layer_k[src : src + copy.num_slots]
+                layer_v[dst : dst + copy.num_slots] = layer_v[src : src + copy.num_slots]

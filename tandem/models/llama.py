@@ -1,0 +1,104 @@
+"""The Llama-family decoder (Llama, Mistral, Qwen2): RMSNorm, RoPE, grouped-query attention,
+SwiGLU, optionally tied embeddings. Works on a packed batch of tokens from many sequences;
+attention goes through an AttentionBackend over a paged KV cache.
+
+q/k/v and gate/up projections are fused into one matrix each: fewer, larger matmuls per layer,
+which is what a memory-bound decode step wants.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tandem.attention.base import AttentionBackend
+from tandem.kv.cache import PagedKVCache
+from tandem.models.config import ModelConfig
+from tandem.models.rope import apply_rope
+
+
+@dataclass(frozen=True, slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor  # [D]
+    qkv: torch.Tensor  # [(H + 2 * KVH) * d, D]
+    qkv_bias: torch.Tensor | None  # [(H + 2 * KVH) * d]
+    o: torch.Tensor  # [D, H * d]
+    post_norm: torch.Tensor  # [D]
+    gate_up: torch.Tensor  # [2 * I, D]
+    down: torch.Tensor  # [D, I]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWeights:
+    embed: torch.Tensor  # [V, D]
+    layers: tuple[LayerWeights, ...]
+    norm: torch.Tensor  # [D]
+    lm_head: torch.Tensor  # [V, D]; the same tensor as embed when tied
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardBatch:
+    """Everything one forward pass needs besides the weights; built once per step."""
+
+    input_ids: torch.Tensor  # [T] int64, packed over sequences
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64: KV slot each token is written to
+    plan: object  # the attention backend's metadata for this batch
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # In fp32 and cast back before the weight, as the reference implementation does.
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+class LlamaModel:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        rope_cos: torch.Tensor,  # [max_positions, head_dim] fp32
+        rope_sin: torch.Tensor,
+        backend: AttentionBackend,
+    ):
+        self.config = config
+        self.weights = weights
+        self.dtype = weights.embed.dtype
+        self.rope_cos = rope_cos.to(self.dtype)
+        self.rope_sin = rope_sin.to(self.dtype)
+        self.backend = backend
+        self.scale = config.head_dim**-0.5
+        c = config
+        self._splits = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
+        """Returns the final-norm hidden states [T, D] of every packed token."""
+        w = self.weights
+        h = F.embedding(batch.input_ids, w.embed)
+        cos = self.rope_cos[batch.positions]
+        sin = self.rope_sin[batch.positions]
+        for index, layer in enumerate(w.layers):
+            h = h + self._attention(index, layer, rms_norm(h, layer.input_norm, self.config.rms_norm_eps), cos, sin, batch, cache)
+            h = h + self._mlp(layer, rms_norm(h, layer.post_norm, self.config.rms_norm_eps))
+        return rms_norm(h, w.norm, self.config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [S, D] (final-norm) -> logits [S, V] in fp32."""
+        return F.linear(hidden, self.weights.lm_head).float()
+
+    def _attention(self, index, layer: LayerWeights, x, cos, sin, batch: ForwardBatch, cache):
+        c = self.config
+        tokens = x.shape[0]
+        q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split(self._splits, dim=-1)
+        q = apply_rope(q.view(tokens, c.num_heads, c.head_dim), cos, sin)
+        k = apply_rope(k.view(tokens, c.num_kv_heads, c.head_dim), cos, sin)
+        v = v.view(tokens, c.num_kv_heads, c.head_dim)
+        out = self.backend.forward(index, q, k, v, cache, batch.slot_mapping, batch.plan, self.scale)
+        return F.linear(out.reshape(tokens, c.num_heads * c.head_dim), layer.o)
+
+    def _mlp(self, layer: LayerWeights, x):
+        gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.down)

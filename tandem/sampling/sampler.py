@@ -1,0 +1,198 @@
+"""Logit processing and sampling of target tokens (pure tensor code, no gRPC, no device choice).
+
+Words:
+- raw logits: the model's output for one position, [B, V].
+- processed logits: raw logits after penalties and logit bias (`process_logits`).
+- probabilities `p`: the distribution a row is sampled from (`probabilities`): tempered, then
+  filtered by top-k, top-p and min-p, renormalised; one-hot at the argmax for greedy rows.
+  Lossless speculative verification compares draft probabilities against exactly this `p`.
+- draw: the exponential race (Gumbel-max): `token = argmax(p / E)`, `E ~ Exp(1)` drawn from the
+  row's own generator, so a row's token depends only on its generator and its own `p`.
+- logprobs: of the raw distribution, log_softmax of the raw logits (vLLM v1 "raw logprobs").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tandem.sampling.params import SamplingParams
+from tandem.sampling.state import SamplingState
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """One sampled token per row, its raw logprob and the row's top raw logprobs (highest first).
+
+    `top_logprobs[i]` is empty when row i asked for none.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+
+
+def process_logits(logits: Tensor, states: Sequence[SamplingState]) -> Tensor:
+    """Apply penalties, then logit bias; returns a new float32 tensor [B, V].
+
+    logits: [B, V] raw logits, any float dtype (upcast to float32).
+    """
+    assert logits.dim() == 2 and logits.shape[0] == len(states)
+    out = logits.to(torch.float32, copy=True)
+    rows = [i for i, s in enumerate(states) if s.needs_penalties]
+    if rows:
+        out[rows] = _apply_penalties(out[rows], [states[i] for i in rows])
+    bias_rows, bias_ids, bias_values = [], [], []
+    for i, s in enumerate(states):
+        for token_id, bias in s.params.logit_bias:
+            bias_rows.append(i)
+            bias_ids.append(token_id)
+            bias_values.append(bias)
+    if bias_rows:
+        index = (_long(bias_rows, out.device), _long(bias_ids, out.device))
+        values = torch.tensor(bias_values, dtype=torch.float32, device=out.device)
+        out.index_put_(index, values, accumulate=True)
+    return out
+
+
+def _apply_penalties(logits: Tensor, states: Sequence[SamplingState]) -> Tensor:
+    """logits: [R, V] float32 of rows whose states keep penalty bookkeeping; returns [R, V]."""
+    assert all(s.seen is not None and s.output_counts is not None for s in states)
+    assert all(s.vocab_size == logits.shape[1] for s in states)
+    device = logits.device
+    seen = torch.stack([s.seen for s in states]).to(device)  # [R, V] bool
+    counts = torch.stack([s.output_counts for s in states]).to(device)  # [R, V]
+    rep = _column([s.params.repetition_penalty for s in states], device)  # [R, 1]
+    freq = _column([s.params.frequency_penalty for s in states], device)
+    pres = _column([s.params.presence_penalty for s in states], device)
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalised, logits)
+    return logits - freq * counts - pres * (counts > 0).to(torch.float32)
+
+
+def probabilities(processed: Tensor, states: Sequence[SamplingState]) -> Tensor:
+    """The distribution each row is sampled from, [B, V] float32, rows summing to 1.
+
+    processed: [B, V] float32 processed logits (from `process_logits`).
+    Sampled rows: softmax(logits / temperature), then top-k (the k highest; ties: lowest id
+    first), top-p (the smallest prefix, highest first, whose mass reaches top_p; the top token
+    always stays), min-p (drop tokens with prob < min_p * max prob), renormalised.
+    Greedy rows: one-hot at the argmax (ties: lowest id).
+    """
+    assert processed.dim() == 2 and processed.shape[0] == len(states)
+    probs = torch.zeros_like(processed, dtype=torch.float32)
+    greedy = [i for i, s in enumerate(states) if s.params.greedy]
+    sampled = [i for i, s in enumerate(states) if not s.params.greedy]
+    if greedy:
+        rows = _long(greedy, processed.device)
+        probs[rows, processed[rows].argmax(dim=-1)] = 1.0
+    if sampled:
+        params = [states[i].params for i in sampled]
+        probs[sampled] = _filtered_softmax(processed[sampled].float(), params)
+    return probs
+
+
+def _filtered_softmax(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
+    """logits: [S, V] float32 of sampled rows; returns their filtered distribution [S, V]."""
+    device = logits.device
+    temperature = _column([p.temperature for p in params], device)  # [S, 1]
+    # Shift by the max first: exact in real arithmetic, and a tiny temperature cannot make NaN.
+    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    if not any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
+        return torch.softmax(scaled, dim=-1)
+    sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)  # [S, V], highest first
+    keep = _keep_mask(sorted_probs, params)
+    kept = sorted_probs.masked_fill(~keep, 0.0)
+    kept = kept / kept.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(kept).scatter_(-1, order, kept)
+
+
+def _keep_mask(sorted_probs: Tensor, params: Sequence[SamplingParams]) -> Tensor:
+    """sorted_probs: [S, V], each row sorted highest first; returns the bool mask [S, V] kept."""
+    device = sorted_probs.device
+    vocab_size = sorted_probs.shape[1]
+    top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+    rank = torch.arange(vocab_size, device=device)[None, :]  # [1, V]
+    keep = rank < _long(top_k, device)[:, None]
+    # top-p on the top-k distribution: keep a token while the mass before it is below top_p.
+    top_k_probs = sorted_probs.masked_fill(~keep, 0.0)
+    top_k_probs = top_k_probs / top_k_probs.sum(dim=-1, keepdim=True)
+    cumulative = top_k_probs.cumsum(dim=-1)
+    mass_before = torch.cat([torch.zeros_like(cumulative[:, :1]), cumulative[:, :-1]], dim=-1)
+    top_p = _column([p.top_p for p in params], device)  # [S, 1]
+    keep &= (mass_before < top_p) | (top_p >= 1.0)
+    # min-p: a ratio to the top token, the same before or after renormalising.
+    min_p = _column([p.min_p for p in params], device)
+    keep &= sorted_probs >= min_p * sorted_probs[:, :1]
+    keep[:, 0] = True
+    return keep
+
+
+def draw(probs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
+    """Exponential race: one token per row, `argmax(p / E)`, E ~ Exp(1) from the row's generator.
+
+    probs: [R, V] non-negative, rows summing to 1. Returns [R] int64 token ids.
+    Row i's token depends only on `generators[i]` and `probs[i]`, never on the batch.
+    """
+    assert probs.dim() == 2 and probs.shape[0] == len(generators)
+    vocab_size = probs.shape[1]
+    race = []
+    for g in generators:
+        e = torch.empty(vocab_size, dtype=torch.float32, device=g.device).exponential_(generator=g)
+        race.append(e.clamp_min_(torch.finfo(torch.float32).tiny))  # never 0: p / 0 is NaN
+    e = torch.stack(race).to(probs.device)  # [R, V]
+    return (probs / e).argmax(dim=-1)
+
+
+def sample(logits: Tensor, states: Sequence[SamplingState]) -> SampleResult:
+    """Sample one token per row and report raw logprobs.
+
+    logits: [B, V] raw logits, any float dtype. Greedy rows take the argmax of the processed
+    logits and draw nothing from their generator; sampled rows `draw` from `probabilities`.
+    Tokens are not recorded in the states: the caller calls `observe_output` on commit.
+    """
+    assert logits.dim() == 2 and logits.shape[0] == len(states)
+    processed = process_logits(logits, states)
+    token_ids = processed.argmax(dim=-1)  # [B]; final for greedy rows
+    sampled = [i for i, s in enumerate(states) if not s.params.greedy]
+    if sampled:
+        sub_states = [states[i] for i in sampled]
+        probs = probabilities(processed[sampled], sub_states)
+        token_ids[sampled] = draw(probs, [s.generator for s in sub_states])
+    raw_logprobs = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
+    chosen = raw_logprobs.gather(1, token_ids[:, None]).squeeze(1)
+    return SampleResult(
+        token_ids=token_ids.tolist(),
+        logprobs=chosen.tolist(),
+        top_logprobs=_top_logprobs(raw_logprobs, states),
+    )
+
+
+def _top_logprobs(
+    raw_logprobs: Tensor, states: Sequence[SamplingState]
+) -> list[list[tuple[int, float]]]:
+    """raw_logprobs: [B, V]; each row's top `top_logprobs` (id, logprob) pairs, highest first."""
+    counts = [min(s.params.top_logprobs, raw_logprobs.shape[1]) for s in states]
+    result: list[list[tuple[int, float]]] = [[] for _ in states]
+    k = max(counts, default=0)
+    if k == 0:
+        return result
+    rows = [i for i, n in enumerate(counts) if n > 0]
+    values, ids = raw_logprobs[rows].topk(k, dim=-1, sorted=True)
+    for row, row_values, row_ids in zip(rows, values.tolist(), ids.tolist(), strict=True):
+        n = counts[row]
+        result[row] = list(zip(row_ids[:n], row_values[:n], strict=True))
+    return result
+
+
+def _column(values: Sequence[float], device: torch.device) -> Tensor:
+    """A [len(values), 1] float32 column, broadcast against [rows, V]."""
+    return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
+
+
+def _long(values: Sequence[int], device: torch.device) -> Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)

@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs of protos/tandem/v1 (python -m tandem.protogen)."""

@@ -1,0 +1,201 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineInfo(_message.Message):
+    __slots__ = ("model", "architecture", "vocab_size", "max_context_length", "kv_page_size", "kv_pages_total", "max_num_sequence", "dtype", "hidden_size")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    architecture: str
+    vocab_size: int
+    max_context_length: int
+    kv_page_size: int
+    kv_pages_total: int
+    max_num_sequence: int
+    dtype: str
+    hidden_size: int
+    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_length: _Optional[int] = ..., kv_page_size: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., max_num_sequence: _Optional[int] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ...) -> None: ...
+
+class SamplerConfig(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "seed", "logprobs", "top_logprobs")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    logit_bias: _containers.ScalarMap[int, float]
+    seed: int
+    logprobs: bool
+    top_logprobs: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class AddSequence(_message.Message):
+    __slots__ = ("seq_id", "sampler")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    sampler: SamplerConfig
+    def __init__(self, seq_id: _Optional[int] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ...) -> None: ...
+
+class ForkSequence(_message.Message):
+    __slots__ = ("seq_id", "parent_id", "position", "sampler")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    parent_id: int
+    position: int
+    sampler: SamplerConfig
+    def __init__(self, seq_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., position: _Optional[int] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ...) -> None: ...
+
+class PopTokens(_message.Message):
+    __slots__ = ("seq_id", "count")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    count: int
+    def __init__(self, seq_id: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class RemoveSequence(_message.Message):
+    __slots__ = ("seq_id",)
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    def __init__(self, seq_id: _Optional[int] = ...) -> None: ...
+
+class SequenceOp(_message.Message):
+    __slots__ = ("add", "fork", "pop", "remove")
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    FORK_FIELD_NUMBER: _ClassVar[int]
+    POP_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    add: AddSequence
+    fork: ForkSequence
+    pop: PopTokens
+    remove: RemoveSequence
+    def __init__(self, add: _Optional[_Union[AddSequence, _Mapping]] = ..., fork: _Optional[_Union[ForkSequence, _Mapping]] = ..., pop: _Optional[_Union[PopTokens, _Mapping]] = ..., remove: _Optional[_Union[RemoveSequence, _Mapping]] = ...) -> None: ...
+
+class StepEntry(_message.Message):
+    __slots__ = ("seq_id", "kind", "token_ids", "sample")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        PREFILL: _ClassVar[StepEntry.Kind]
+        DECODE: _ClassVar[StepEntry.Kind]
+    PREFILL: StepEntry.Kind
+    DECODE: StepEntry.Kind
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    kind: StepEntry.Kind
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sample: bool
+    def __init__(self, seq_id: _Optional[int] = ..., kind: _Optional[_Union[StepEntry.Kind, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ...) -> None: ...
+
+class StepRequest(_message.Message):
+    __slots__ = ("step_id", "ops", "entries")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    ops: _containers.RepeatedCompositeFieldContainer[SequenceOp]
+    entries: _containers.RepeatedCompositeFieldContainer[StepEntry]
+    def __init__(self, step_id: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[SequenceOp, _Mapping]]] = ..., entries: _Optional[_Iterable[_Union[StepEntry, _Mapping]]] = ...) -> None: ...
+
+class SampledTop(_message.Message):
+    __slots__ = ("token_id", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
+
+class SampledToken(_message.Message):
+    __slots__ = ("token_id", "logprob", "top")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    top: _containers.RepeatedCompositeFieldContainer[SampledTop]
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[SampledTop, _Mapping]]] = ...) -> None: ...
+
+class EntryResult(_message.Message):
+    __slots__ = ("seq_id", "tokens")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    tokens: _containers.RepeatedCompositeFieldContainer[SampledToken]
+    def __init__(self, seq_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ...) -> None: ...
+
+class StepResponse(_message.Message):
+    __slots__ = ("step_id", "results", "kv_pages_free", "compute_ms")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    results: _containers.RepeatedCompositeFieldContainer[EntryResult]
+    kv_pages_free: int
+    compute_ms: float
+    def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[EntryResult, _Mapping]]] = ..., kv_pages_free: _Optional[int] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+
+class EngineStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineStats(_message.Message):
+    __slots__ = ("kv_pages_total", "kv_pages_free", "sequences_live", "steps_total", "tokens_total")
+    KV_PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_LIVE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    kv_pages_total: int
+    kv_pages_free: int
+    sequences_live: int
+    steps_total: int
+    tokens_total: int
+    def __init__(self, kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., sequences_live: _Optional[int] = ..., steps_total: _Optional[int] = ..., tokens_total: _Optional[int] = ...) -> None: ...
+
+class ResetRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,271 @@
+"""Unit tests of tandem.sampling: validation, logit processing, filters, draws, determinism."""
+
+import math
+
+import pytest
+import torch
+
+from tandem.errors import InvalidArgument
+from tandem.sampling.params import MAX_TOP_LOGPROBS, SamplingParams
+from tandem.sampling.sampler import probabilities, process_logits, sample
+from tandem.sampling.state import SamplingState
+
+V = 8
+
+
+def state(vocab_size: int = V, **kwargs) -> SamplingState:
+    return SamplingState(SamplingParams(**kwargs), vocab_size)
+
+
+def log_probs_row(probs: list[float]) -> torch.Tensor:
+    """A [1, V] logits row whose softmax is `probs`."""
+    return torch.tensor([probs]).log()
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", -0.1),
+        ("temperature", math.inf),
+        ("temperature", math.nan),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_p", math.nan),
+        ("top_k", -1),
+        ("min_p", -0.1),
+        ("min_p", 1.1),
+        ("repetition_penalty", 0.0),
+        ("repetition_penalty", -1.0),
+        ("repetition_penalty", math.inf),
+        ("frequency_penalty", 2.5),
+        ("frequency_penalty", -2.5),
+        ("presence_penalty", 3.0),
+        ("presence_penalty", -2.01),
+        ("top_logprobs", -1),
+        ("top_logprobs", MAX_TOP_LOGPROBS + 1),
+        ("seed", -1),
+        ("seed", 2**64),
+    ],
+)
+def test_validate_names_the_field_and_value(field, value):
+    with pytest.raises(InvalidArgument, match=rf"params\.{field}") as info:
+        SamplingParams(**{field: value}).validate(vocab_size=V)
+    assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "bias, bad", [(((V, 1.0),), repr(V)), (((-1, 1.0),), "-1"), (((3, math.inf),), "inf")]
+)
+def test_validate_logit_bias(bias, bad):
+    with pytest.raises(InvalidArgument, match=r"params\.logit_bias") as info:
+        SamplingParams(logit_bias=bias).validate(vocab_size=V)
+    assert bad in str(info.value)
+
+
+def test_validate_accepts_edges():
+    SamplingParams().validate(V)
+    SamplingParams(
+        temperature=0.0, top_p=1.0, top_k=V + 5, min_p=1.0, repetition_penalty=0.5,
+        frequency_penalty=-2.0, presence_penalty=2.0, logit_bias=((0, -100.0), (V - 1, 5.0)),
+        seed=2**64 - 1, logprobs=True, top_logprobs=MAX_TOP_LOGPROBS,
+    ).validate(V)
+    assert SamplingParams(temperature=0.0).greedy and not SamplingParams().greedy
+
+
+# --- logit processing -------------------------------------------------------------------------
+
+
+def test_greedy_is_argmax():
+    logits = torch.tensor([[0.1, 2.0, -1.0, 2.0], [5.0, 0.0, 0.0, 6.0]])
+    states = [state(4, temperature=0.0), state(4, temperature=0.0)]
+    result = sample(logits, states)
+    assert result.token_ids == [1, 3]  # ties: lowest id
+    probs = probabilities(process_logits(logits, states), states)
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
+
+
+def test_logit_bias_forces_a_token():
+    logits = torch.tensor([[3.0, 1.0, 0.0, -2.0]])
+    s = state(4, temperature=0.0, logit_bias=((3, 100.0),))
+    assert sample(logits, [s]).token_ids == [3]
+    s = state(4, temperature=1.0, seed=1, logit_bias=((0, -100.0), (3, 100.0)))
+    assert all(sample(logits, [s]).token_ids == [3] for _ in range(20))
+
+
+def test_repetition_penalty_lowers_seen_token():
+    logits = torch.tensor([[2.0, 1.5, -1.0, -1.25]])
+    s = state(4, temperature=0.0, repetition_penalty=2.0)
+    s.observe_prompt([0, 2])
+    out = process_logits(logits, [s])
+    assert out.tolist() == [[1.0, 1.5, -2.0, -1.25]]  # positive halved, negative doubled
+    assert out[0, 0] < out[0, 1] and out[0, 2] < out[0, 3]  # seen below the unseen neighbour
+    assert sample(logits, [s]).token_ids == [1]
+
+
+def test_frequency_and_presence_arithmetic():
+    logits = torch.zeros(1, 4)
+    s = state(4, frequency_penalty=0.5, presence_penalty=0.25)
+    s.observe_prompt([3])  # prompt tokens carry no frequency/presence penalty
+    for t in (1, 1, 1, 2):
+        s.observe_output(t)
+    out = process_logits(logits, [s])
+    assert out.tolist() == [[0.0, -(0.5 * 3 + 0.25), -(0.5 * 1 + 0.25), 0.0]]
+
+
+def test_process_logits_upcasts_and_leaves_plain_rows_alone():
+    logits = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.bfloat16)
+    s = state(2, repetition_penalty=2.0)
+    s.observe_prompt([1])
+    out = process_logits(logits, [state(2), s])
+    assert out.dtype == torch.float32 and out.tolist() == [[1.0, 2.0], [3.0, 2.0]]
+    assert logits.tolist() == [[1.0, 2.0], [3.0, 4.0]]  # input untouched
+
+
+# --- filters ----------------------------------------------------------------------------------
+
+
+def test_top_k_1_equals_greedy():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50)
+    greedy = sample(logits, [state(50, temperature=0.0) for _ in range(6)]).token_ids
+    top1 = [state(50, temperature=1.3, top_k=1, seed=i) for i in range(6)]
+    assert sample(logits, top1).token_ids == greedy
+
+
+def test_top_k_keeps_k_highest():
+    logits = log_probs_row([0.1, 0.4, 0.2, 0.3])
+    s = state(4, top_k=2)
+    probs = probabilities(process_logits(logits, [s]), [s])
+    assert torch.allclose(probs, torch.tensor([[0.0, 4 / 7, 0.0, 3 / 7]]))
+
+
+def test_top_p_keeps_the_expected_set():
+    logits = log_probs_row([0.05, 0.5, 0.15, 0.3])
+    expected = {
+        0.4: [0.0, 1.0, 0.0, 0.0],  # the top token alone reaches 0.4
+        0.75: [0.0, 0.5 / 0.8, 0.0, 0.3 / 0.8],  # 0.5 + 0.3 reaches 0.75
+        0.9: [0.0, 0.5 / 0.95, 0.15 / 0.95, 0.3 / 0.95],
+        1.0: [0.05, 0.5, 0.15, 0.3],
+    }
+    for top_p, want in expected.items():
+        s = state(4, top_p=top_p)
+        probs = probabilities(process_logits(logits, [s]), [s])
+        assert torch.allclose(probs, torch.tensor([want]), atol=1e-6), top_p
+
+
+def test_min_p_drops_tokens_below_ratio_of_max():
+    logits = log_probs_row([0.05, 0.5, 0.15, 0.3])
+    s = state(4, min_p=0.25)  # threshold 0.125: drops 0.05 only
+    probs = probabilities(process_logits(logits, [s]), [s])
+    assert torch.allclose(probs, torch.tensor([[0.0, 0.5, 0.15, 0.3]]) / 0.95, atol=1e-6)
+
+
+def test_temperature_sharpens():
+    logits = torch.tensor([[0.0, math.log(2.0)]])
+    s = state(2, temperature=0.5)  # p ~ exp(2 * logit): 1 : 4
+    probs = probabilities(process_logits(logits, [s]), [s])
+    assert torch.allclose(probs, torch.tensor([[0.2, 0.8]]))
+
+
+def test_probability_rows_sum_to_one():
+    torch.manual_seed(1)
+    logits = torch.randn(6, 100) * 3
+    states = [
+        state(100), state(100, temperature=0.0), state(100, top_k=5, temperature=0.7),
+        state(100, top_p=0.5), state(100, min_p=0.1, top_p=0.9, top_k=20),
+        state(100, temperature=1e-6),
+    ]
+    probs = probabilities(process_logits(logits, states), states)
+    assert torch.allclose(probs.sum(dim=-1), torch.ones(6))
+    assert not probs.isnan().any() and (probs >= 0).all()
+
+
+# --- draws, determinism and the output distribution ------------------------------------------
+
+
+def test_same_seed_same_draws_alone_or_batched():
+    torch.manual_seed(2)
+    row = torch.randn(64)
+    alone_state = state(64, seed=42, top_p=0.95)
+    alone = [sample(row[None], [alone_state]).token_ids[0] for _ in range(30)]
+    for position in (0, 2, 3):
+        logits = torch.randn(4, 64)
+        logits[position] = row
+        batch = [state(64, seed=100 + i) for i in range(4)]  # other rows: other seeds
+        batch[position] = state(64, seed=42, top_p=0.95)
+        got = [sample(logits, batch).token_ids[position] for _ in range(30)]
+        assert got == alone, position
+
+
+def test_different_seeds_differ():
+    logits = torch.zeros(1, 1000)
+    a, b = state(1000, seed=1), state(1000, seed=2)
+    seq_a = [sample(logits, [a]).token_ids[0] for _ in range(10)]
+    seq_b = [sample(logits, [b]).token_ids[0] for _ in range(10)]
+    assert seq_a != seq_b
+    c = state(1000, seed=1)
+    assert [sample(logits, [c]).token_ids[0] for _ in range(10)] == seq_a
+
+
+def test_empirical_distribution_matches_probabilities():
+    n, batch = 20_000, 2_000
+    logits = log_probs_row([0.3, 0.2, 0.15, 0.12, 0.1, 0.07, 0.04, 0.02])
+    s = state(V, temperature=1.0, top_p=0.9, seed=7)
+    p = probabilities(process_logits(logits, [s]), [s])[0]
+    assert (p[6:] == 0).all() and p[5] > 0  # top-p 0.9 drops the 0.04 and 0.02 tail
+    counts = torch.zeros(V)
+    for _ in range(n // batch):
+        tokens = sample(logits.expand(batch, V), [s] * batch).token_ids
+        counts += torch.bincount(torch.tensor(tokens), minlength=V)
+    tv = 0.5 * (counts / n - p).abs().sum().item()
+    assert tv < 3 * math.sqrt(V / n), tv
+    assert counts[6:].sum() == 0
+
+
+# --- logprobs ---------------------------------------------------------------------------------
+
+
+def test_logprobs_are_raw():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    raw = torch.log_softmax(logits, dim=-1)[0]
+    s = state(4, temperature=0.0, repetition_penalty=2.0, logit_bias=((0, 10.0),), top_logprobs=3)
+    result = sample(logits, [s])
+    assert result.token_ids == [0]
+    assert result.logprobs == pytest.approx([raw[0].item()])
+    assert [t for t, _ in result.top_logprobs[0]] == [1, 2, 0]
+    assert [lp for _, lp in result.top_logprobs[0]] == pytest.approx(raw[[1, 2, 0]].tolist())
+
+
+def test_top_logprobs_per_row():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 5.0, 1.0]])
+    states = [state(4, temperature=0.0), state(4, temperature=0.0, top_logprobs=2)]
+    result = sample(logits, states)
+    assert result.top_logprobs[0] == []
+    assert [t for t, _ in result.top_logprobs[1]] == [2, 3]
+    assert len(result.logprobs) == 2 and all(lp <= 0 for lp in result.logprobs)
+
+
+# --- state ------------------------------------------------------------------------------------
+
+
+def test_bookkeeping_only_with_penalties():
+    plain = state()
+    assert not plain.needs_penalties and plain.seen is None and plain.output_counts is None
+    plain.observe_prompt([1, 2])
+    plain.observe_output(3)  # no-ops
+    assert state(presence_penalty=0.1).needs_penalties
+
+
+def test_fork_copies_bookkeeping():
+    parent = state(repetition_penalty=1.5, frequency_penalty=0.5, seed=3)
+    parent.observe_prompt([1, 2])
+    parent.observe_output(5)
+    child = parent.fork(SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5, seed=4))
+    assert torch.equal(child.seen, parent.seen) and torch.equal(child.output_counts, parent.output_counts)
+    child.observe_output(6)
+    assert not parent.seen[6] and parent.output_counts[6] == 0
+    assert child.seen[6] and child.output_counts[6] == 1
+    assert child.generator is not parent.generator and child.generator.initial_seed() == 4
