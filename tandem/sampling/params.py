@@ -65,7 +65,8 @@ class SamplingParams:
         for token_id, bias in self.logit_bias:
             ok_id = 0 <= token_id < vocab_size
             _check(ok_id, "logit_bias", token_id, f"token id must be in [0, {vocab_size})")
-            _check(math.isfinite(bias), "logit_bias", bias, f"bias of token {token_id} must be finite")
+            rule = f"bias of token {token_id} must be finite"
+            _check(math.isfinite(bias), "logit_bias", bias, rule)
         n = self.top_logprobs
         _check(0 <= n <= MAX_TOP_LOGPROBS, "top_logprobs", n, f"must be in [0, {MAX_TOP_LOGPROBS}]")
         if self.seed is not None:

@@ -63,6 +63,17 @@ how to cook rice? First wash the rice, then put it in a pot with water and let i
 def main(): return print("hello world") if the number is not in the list then add it.
 People often say that time is money, but time is also the most important thing we have.
 In the beginning of the year the school starts again and the children go back to class.
+Here is a simple answer: the sun is a star, the moon goes around the earth, and the earth
+goes around the sun. A good question deserves a good answer, so let us think step by step.
+She opened the door and saw a small brown dog sitting in the rain. The dog looked at her
+and she smiled. "Come in," she said, "you must be cold and hungry." The next day the sun
+was shining again, and the children played in the park until the evening came.
+Python is a programming language. To write a function in Python, you use the word def,
+then the name of the function, and then the arguments in brackets. The function can
+return a value. For example, a function that adds two numbers returns their sum.
+Here are three things you can do today: read a book, go for a walk, and call a friend.
+There are many ways to learn a new language, but the best way is to speak it every day.
+The history of the world is long, and people have always told stories about the past.
 """
 
 _ARCHS = {
@@ -74,7 +85,9 @@ _ARCHS = {
 # Std of the random weights: with the usual 0.02 a 64-wide model's logits are nearly flat
 # and greedy decoding repeats one token whatever the prompt.
 _INIT_STD = 0.2
-_NUM_MERGES = 189  # 3 special + 256 bytes + 189 merges = 448 tokens, a multiple of 64
+# 3 special + 256 bytes + 189 merges = 448 tokens, a multiple of 64: the training text has
+# enough repeated pairs to reach it, so the model has no ids the tokenizer cannot decode.
+_NUM_MERGES = 189
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:

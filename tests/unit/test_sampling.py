@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from tandem.errors import InvalidArgument
+from tandem.errors import FailedPrecondition, InvalidArgument
 from tandem.sampling.params import MAX_TOP_LOGPROBS, SamplingParams
 from tandem.sampling.sampler import probabilities, process_logits, sample
 from tandem.sampling.state import SamplingState
@@ -264,8 +264,21 @@ def test_fork_copies_bookkeeping():
     parent.observe_prompt([1, 2])
     parent.observe_output(5)
     child = parent.fork(SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5, seed=4))
-    assert torch.equal(child.seen, parent.seen) and torch.equal(child.output_counts, parent.output_counts)
+    assert torch.equal(child.seen, parent.seen)
+    assert torch.equal(child.output_counts, parent.output_counts)
     child.observe_output(6)
     assert not parent.seen[6] and parent.output_counts[6] == 0
     assert child.seen[6] and child.output_counts[6] == 1
     assert child.generator is not parent.generator and child.generator.initial_seed() == 4
+
+
+def test_fork_needs_parent_bookkeeping_for_penalties():
+    parent = state(seed=3)
+    assert parent.fork(SamplingParams(seed=4)).seen is None
+    with pytest.raises(FailedPrecondition, match="fork"):
+        parent.fork(SamplingParams(presence_penalty=0.5))
+
+
+def test_unseeded_states_get_their_own_streams():
+    a, b = state(), state()
+    assert a.generator.initial_seed() != b.generator.initial_seed()

@@ -1,0 +1,160 @@
+"""Conversions between engine.proto messages and the domain types of tandem.ops.
+
+Both ends of the router <-> model service protocol use these: the one place that knows both.
+"""
+
+from tandem.errors import InvalidArgument
+from tandem.ops import (
+    AddSequence,
+    EngineInfo,
+    EngineStats,
+    EntryKind,
+    EntryResult,
+    ForkSequence,
+    PopTokens,
+    RemoveSequence,
+    SampledToken,
+    SequenceOp,
+    StepEntry,
+    StepRequest,
+    StepResult,
+)
+from tandem.sampling.params import SamplingParams
+from tandem.v1 import engine_pb2 as pb
+
+# -- sampler config ---------------------------------------------------------------------------
+
+
+def sampler_to_pb(p: SamplingParams) -> pb.SamplerConfig:
+    msg = pb.SamplerConfig(
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        min_p=p.min_p,
+        repetition_penalty=p.repetition_penalty,
+        frequency_penalty=p.frequency_penalty,
+        presence_penalty=p.presence_penalty,
+        logit_bias=dict(p.logit_bias),
+        logprobs=p.logprobs,
+        top_logprobs=p.top_logprobs,
+    )
+    if p.seed is not None:
+        msg.seed = p.seed
+    return msg
+
+
+def sampler_from_pb(m: pb.SamplerConfig) -> SamplingParams:
+    return SamplingParams(
+        temperature=m.temperature,
+        top_p=m.top_p,
+        top_k=m.top_k,
+        min_p=m.min_p,
+        repetition_penalty=m.repetition_penalty,
+        frequency_penalty=m.frequency_penalty,
+        presence_penalty=m.presence_penalty,
+        logit_bias=tuple(sorted(m.logit_bias.items())),
+        seed=m.seed if m.HasField("seed") else None,
+        logprobs=m.logprobs,
+        top_logprobs=m.top_logprobs,
+    )
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+def op_to_pb(op: SequenceOp) -> pb.SequenceOp:
+    if isinstance(op, AddSequence):
+        return pb.SequenceOp(add=pb.AddSequence(seq_id=op.seq_id, sampler=sampler_to_pb(op.sampler)))
+    if isinstance(op, ForkSequence):
+        fork = pb.ForkSequence(
+            seq_id=op.seq_id, parent_id=op.parent_id, position=op.position, sampler=sampler_to_pb(op.sampler)
+        )
+        return pb.SequenceOp(fork=fork)
+    if isinstance(op, PopTokens):
+        return pb.SequenceOp(pop=pb.PopTokens(seq_id=op.seq_id, count=op.count))
+    return pb.SequenceOp(remove=pb.RemoveSequence(seq_id=op.seq_id))
+
+
+def op_from_pb(m: pb.SequenceOp) -> SequenceOp:
+    kind = m.WhichOneof("op")
+    if kind == "add":
+        return AddSequence(m.add.seq_id, sampler_from_pb(m.add.sampler))
+    if kind == "fork":
+        f = m.fork
+        return ForkSequence(f.seq_id, f.parent_id, f.position, sampler_from_pb(f.sampler))
+    if kind == "pop":
+        return PopTokens(m.pop.seq_id, m.pop.count)
+    if kind == "remove":
+        return RemoveSequence(m.remove.seq_id)
+    raise InvalidArgument("sequence op has no operation set")
+
+
+def step_request_to_pb(r: StepRequest) -> pb.StepRequest:
+    entries = [
+        pb.StepEntry(seq_id=e.seq_id, kind=e.kind.value, token_ids=e.token_ids, sample=e.sample)
+        for e in r.entries
+    ]
+    return pb.StepRequest(step_id=r.step_id, ops=[op_to_pb(o) for o in r.ops], entries=entries)
+
+
+def step_request_from_pb(m: pb.StepRequest) -> StepRequest:
+    entries = tuple(
+        StepEntry(e.seq_id, EntryKind(e.kind), tuple(e.token_ids), e.sample) for e in m.entries
+    )
+    return StepRequest(step_id=m.step_id, ops=tuple(op_from_pb(o) for o in m.ops), entries=entries)
+
+
+def step_result_to_pb(r: StepResult) -> pb.StepResponse:
+    results = [
+        pb.EntryResult(
+            seq_id=e.seq_id,
+            tokens=[
+                pb.SampledToken(
+                    token_id=t.token_id,
+                    logprob=t.logprob,
+                    top=[pb.SampledTop(token_id=i, logprob=lp) for i, lp in t.top],
+                )
+                for t in e.tokens
+            ],
+        )
+        for e in r.results
+    ]
+    return pb.StepResponse(
+        step_id=r.step_id, results=results, kv_pages_free=r.kv_pages_free, compute_ms=r.compute_ms
+    )
+
+
+def step_result_from_pb(m: pb.StepResponse) -> StepResult:
+    results = tuple(
+        EntryResult(
+            seq_id=e.seq_id,
+            tokens=tuple(
+                SampledToken(t.token_id, t.logprob, tuple((x.token_id, x.logprob) for x in t.top))
+                for t in e.tokens
+            ),
+        )
+        for e in m.results
+    )
+    return StepResult(m.step_id, results, m.kv_pages_free, m.compute_ms)
+
+
+# -- info and stats ---------------------------------------------------------------------------
+
+
+def info_to_pb(i: EngineInfo) -> pb.EngineInfo:
+    return pb.EngineInfo(**{f: getattr(i, f) for f in EngineInfo.__dataclass_fields__})
+
+
+def info_from_pb(m: pb.EngineInfo) -> EngineInfo:
+    return EngineInfo(**{f: getattr(m, f) for f in EngineInfo.__dataclass_fields__})
+
+
+_STATS_FIELDS = ("kv_pages_total", "kv_pages_free", "sequences_live", "steps_total", "tokens_total")
+
+
+def stats_to_pb(s: EngineStats) -> pb.EngineStats:
+    return pb.EngineStats(**{f: getattr(s, f) for f in _STATS_FIELDS})
+
+
+def stats_from_pb(m: pb.EngineStats) -> EngineStats:
+    return EngineStats(**{f: getattr(m, f) for f in _STATS_FIELDS})

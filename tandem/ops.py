@@ -1,0 +1,103 @@
+"""Domain types of the router <-> model service protocol (engine.proto without protobuf).
+
+The router names every sequence and sends these; the model services execute them in order.
+"""
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from tandem.sampling.params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class AddSequence:
+    seq_id: int
+    sampler: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class ForkSequence:
+    """The child shares the parent's first `position` tokens of KV."""
+
+    seq_id: int
+    parent_id: int
+    position: int
+    sampler: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class PopTokens:
+    seq_id: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveSequence:
+    seq_id: int
+
+
+SequenceOp = AddSequence | ForkSequence | PopTokens | RemoveSequence
+
+
+class EntryKind(Enum):
+    PREFILL = 0  # prompt tokens: a whole prompt or one chunk of it
+    DECODE = 1  # the token sampled in the previous step, already counted as output
+
+
+@dataclass(frozen=True, slots=True)
+class StepEntry:
+    seq_id: int
+    kind: EntryKind
+    token_ids: tuple[int, ...]
+    sample: bool  # false for a prefill chunk with prompt left
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequest:
+    step_id: int
+    ops: tuple[SequenceOp, ...] = ()
+    entries: tuple[StepEntry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class EntryResult:
+    seq_id: int
+    tokens: tuple[SampledToken, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    step_id: int
+    results: tuple[EntryResult, ...]
+    kv_pages_free: int
+    compute_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    model: str
+    architecture: str
+    vocab_size: int
+    max_context_length: int
+    kv_page_size: int
+    kv_pages_total: int
+    max_num_sequence: int
+    dtype: str
+    hidden_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    kv_pages_total: int
+    kv_pages_free: int
+    sequences_live: int
+    steps_total: int = 0
+    tokens_total: int = 0
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,36 @@
+"""Configuration of the target service: built once in the CLI, frozen, passed down."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.errors import InvalidArgument
+
+
+@dataclass(frozen=True, slots=True)
+class TargetConfig:
+    model_dir: Path
+    dtype: str = "float32"
+    device: str = "cpu"
+    host: str = "127.0.0.1"
+    port: int = 50052
+    kv_page_size: int = 16
+    # Tokens of KV the cache holds over all sequences (SmolLM2-135M fp32: 45 KiB per token).
+    kv_cache_tokens: int = 32768
+    max_num_sequence: int = 64
+    # 0: the model's max_position_embeddings.
+    max_context_length: int = 0
+    num_threads: int = 0  # 0: torch's default
+
+    def __post_init__(self) -> None:
+        if self.kv_page_size <= 0:
+            raise InvalidArgument(f"kv_page_size must be positive, got {self.kv_page_size}")
+        if self.kv_cache_tokens < self.kv_page_size:
+            raise InvalidArgument(
+                f"kv_cache_tokens ({self.kv_cache_tokens}) must hold at least one page ({self.kv_page_size})"
+            )
+        if self.max_num_sequence <= 0:
+            raise InvalidArgument(f"max_num_sequence must be positive, got {self.max_num_sequence}")
+
+    @property
+    def num_pages(self) -> int:
+        return self.kv_cache_tokens // self.kv_page_size

@@ -1,0 +1,40 @@
+"""Builds and runs the target service's gRPC server."""
+
+import logging
+from concurrent import futures
+
+import grpc
+import torch
+
+from tandem.grpc_server import SERVER_OPTIONS, ErrorInterceptor, add_health_and_reflection, serve_until_signal
+from tandem.v1 import engine_pb2_grpc
+from target_service.config import TargetConfig
+from target_service.engine import TargetEngine
+from target_service.servicer import SERVICE_NAME, TargetServicer
+
+log = logging.getLogger(__name__)
+
+
+def start_target(config: TargetConfig, engine: TargetEngine | None = None):
+    """Starts the server (non-blocking); returns (server, health servicer, bound port)."""
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    engine = engine or TargetEngine(config)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8),
+        interceptors=[ErrorInterceptor()],
+        options=SERVER_OPTIONS,
+    )
+    engine_pb2_grpc.add_TargetEngineServicer_to_server(TargetServicer(engine), server)
+    health = add_health_and_reflection(server, [SERVICE_NAME])
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise RuntimeError(f"target: cannot bind {config.host}:{config.port}")
+    server.start()
+    log.info("target: serving %s (%s) on %s:%d", config.model_dir, config.dtype, config.host, port)
+    return server, health, port
+
+
+def run_target(config: TargetConfig) -> None:
+    server, health, _ = start_target(config)
+    serve_until_signal(server, health, "target")
