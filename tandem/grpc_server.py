@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 import grpc
+from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -90,14 +91,28 @@ class AioErrorInterceptor(grpc.aio.ServerInterceptor):
         return _wrapped_handler(await continuation(handler_call_details), _wrap_aio)
 
 
-def add_health_and_reflection(server, service_names: Iterable[str]) -> health.HealthServicer:
+def _enable_reflection(server, names: list[str]) -> None:
+    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+
+
+def add_health_and_reflection(server: grpc.Server, service_names: Iterable[str]) -> health.HealthServicer:
     """Serves grpc.health.v1 (SERVING for "" and each service) and server reflection."""
     servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     names = list(service_names)
     for name in ["", *names]:
         servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    _enable_reflection(server, names)
+    return servicer
+
+
+async def add_health_and_reflection_aio(server: grpc.aio.Server, service_names: Iterable[str]) -> health_aio.HealthServicer:
+    servicer = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    names = list(service_names)
+    for name in ["", *names]:
+        await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    _enable_reflection(server, names)
     return servicer
 
 

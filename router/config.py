@@ -1,0 +1,28 @@
+"""Configuration of the router: built once in the CLI, frozen, passed down."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.errors import InvalidArgument
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    model_dir: Path  # for the tokenizer and chat template; the router loads no weights
+    target_address: str = "127.0.0.1:50052"
+    host: str = "127.0.0.1"
+    port: int = 50051
+    # 0: take the target's limit.
+    max_num_sequence: int = 0
+    prefill_chunk_size: int = 512
+    max_waiting: int = 1024
+    # max_tokens when a request leaves it unset (clipped to the rest of the context).
+    default_max_tokens: int = 1024
+    # How long to wait for the target at start-up and per step.
+    connect_timeout_s: float = 120.0
+    step_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_chunk_size", "max_waiting", "default_max_tokens"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")

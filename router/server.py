@@ -1,0 +1,65 @@
+"""Builds and runs the router: connects to the target, then serves the public API."""
+
+import asyncio
+import logging
+import signal
+
+import grpc
+
+from router.config import RouterConfig
+from router.engine import RouterEngine
+from router.servicer import SERVICE_NAME, GenerationServicer
+from router.tokenizer import Tokenizer
+from tandem import codec
+from tandem.grpc_server import CHANNEL_OPTIONS, GRACE_SECONDS, SERVER_OPTIONS, AioErrorInterceptor, add_health_and_reflection_aio
+from tandem.v1 import engine_pb2, engine_pb2_grpc, generate_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+async def connect_target(config: RouterConfig):
+    """Waits for the target (it may still be loading weights); returns (channel, stub, info)."""
+    channel = grpc.aio.insecure_channel(config.target_address, options=CHANNEL_OPTIONS)
+    stub = engine_pb2_grpc.TargetEngineStub(channel)
+    try:
+        info = await stub.Info(engine_pb2.InfoRequest(), wait_for_ready=True, timeout=config.connect_timeout_s)
+    except grpc.aio.AioRpcError as e:
+        await channel.close()
+        raise RuntimeError(f"router: target at {config.target_address} not reachable: {e.details()}") from e
+    # A router that starts fresh owns no sequences: drop whatever a previous one left.
+    await stub.Reset(engine_pb2.ResetRequest(), timeout=config.connect_timeout_s)
+    return channel, stub, codec.info_from_pb(info)
+
+
+async def start_router(config: RouterConfig):
+    """Starts the router; returns (server, engine, health, channel, bound port)."""
+    channel, stub, info = await connect_target(config)
+    engine = RouterEngine(config, Tokenizer(config.model_dir), stub, info)
+    engine.start()
+    server = grpc.aio.server(interceptors=[AioErrorInterceptor()], options=SERVER_OPTIONS)
+    generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
+    health = await add_health_and_reflection_aio(server, [SERVICE_NAME])
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise RuntimeError(f"router: cannot bind {config.host}:{config.port}")
+    await server.start()
+    log.info("router: serving on %s:%d, target %s (%s)", config.host, port, config.target_address, info.model)
+    return server, engine, health, channel, port
+
+
+async def _serve(config: RouterConfig) -> None:
+    server, engine, health, channel, _ = await start_router(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("router: shutting down")
+    await health.enter_graceful_shutdown()
+    await server.stop(GRACE_SECONDS)
+    await engine.stop()
+    await channel.close()
+
+
+def run_router(config: RouterConfig) -> None:
+    asyncio.run(_serve(config))

@@ -1,0 +1,80 @@
+"""The public Generation servicer: protobuf in, router engine, protobuf out."""
+
+import asyncio
+
+from router import convert
+from router.engine import RouterEngine
+from tandem.errors import TandemError
+from tandem.v1 import generate_pb2 as pb
+from tandem.v1 import generate_pb2_grpc
+
+
+class GenerationServicer(generate_pb2_grpc.GenerationServicer):
+    def __init__(self, engine: RouterEngine):
+        self.engine = engine
+
+    async def Generate(self, request, context):
+        engine = self.engine
+        spec = convert.spec_from_pb(
+            request,
+            engine.tokenizer,
+            vocab_size=engine.info.vocab_size,
+            max_context=engine.info.max_context_length,
+            default_max_tokens=engine.config.default_max_tokens,
+        )
+        stream = engine.submit(spec)
+        want_logprobs = spec.sampler.logprobs
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, TandemError):
+                    raise item
+                response = convert.delta_to_pb(spec.request_id, item, engine.tokenizer, want_logprobs)
+                if item.finish_reason is not None:
+                    response.usage.CopyFrom(
+                        convert.usage_to_pb(len(spec.prompt_ids), len(stream.state.output_ids))
+                    )
+                yield response
+                if item.finish_reason is not None:
+                    return
+        except asyncio.CancelledError:
+            raise  # the client went away; finally frees the sequence
+        finally:
+            if not stream.state.finished:
+                engine.cancel(stream)
+
+    async def Tokenize(self, request, context):
+        ids = convert.prompt_ids(request, self.engine.tokenizer, self.engine.info.vocab_size)
+        return pb.TokenizeResponse(token_ids=ids)
+
+    async def ModelInfo(self, request, context):
+        info = self.engine.info
+        return pb.ModelInfoResponse(
+            model=info.model,
+            vocab_size=info.vocab_size,
+            max_context_length=info.max_context_length,
+            dtype=info.dtype,
+            draft_method="none",
+            spec_draft_length=0,
+            eos_token_ids=sorted(self.engine.tokenizer.eos_token_ids),
+        )
+
+    async def Stats(self, request, context):
+        e = self.engine
+        c = e.counters
+        return pb.StatsResponse(
+            requests_total=c.requests_total,
+            requests_running=len(e.scheduler.running),
+            requests_waiting=len(e.scheduler.waiting),
+            prompt_tokens_total=c.prompt_tokens_total,
+            completion_tokens_total=c.completion_tokens_total,
+            steps_total=c.steps_total,
+            kv_pages_total=e.info.kv_pages_total,
+            kv_pages_free=e.kv_pages_free,
+            sequences_live=sum(1 for s in e.scheduler.running if s.live),
+            mean_accepted_length=1.0,
+            speculation_active=False,
+        )
+
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name

@@ -1,0 +1,46 @@
+"""The router's tokenizer: prompts and chat messages to token ids, token ids to text."""
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from tandem.errors import InvalidArgument
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+class Tokenizer:
+    def __init__(self, model_dir: Path):
+        from transformers import AutoTokenizer
+
+        self.hf = AutoTokenizer.from_pretrained(model_dir)
+        self.eos_token_ids = _eos_ids(Path(model_dir), self.hf)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return list(self.hf(text)["input_ids"])
+
+    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """Renders the model's chat template, ending with the assistant's turn."""
+        if self.hf.chat_template is None:
+            raise InvalidArgument("messages: this model has no chat template; send a prompt")
+        for i, (role, _) in enumerate(messages):
+            if role not in CHAT_ROLES:
+                raise InvalidArgument(f"messages[{i}].role = {role!r}: must be one of {CHAT_ROLES}")
+        chat = [{"role": r, "content": c} for r, c in messages]
+        text = self.hf.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    def token_text(self, token_id: int) -> str:
+        return self.hf.decode([token_id], skip_special_tokens=False)
+
+
+def _eos_ids(model_dir: Path, hf) -> frozenset[int]:
+    """eos ids from generation_config.json (which may list several), else the tokenizer's."""
+    ids: set[int] = set()
+    path = model_dir / "generation_config.json"
+    if path.exists():
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if hf.eos_token_id is not None:
+        ids.add(hf.eos_token_id)
+    return frozenset(ids)
