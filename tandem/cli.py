@@ -1,0 +1,198 @@
+"""The `tandem` console script: one subcommand per service, plus up, generate, health, models,
+bench. Flags fall back to TANDEM_* environment variables; configs are built here, once."""
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def _env(name: str, default):
+    """TANDEM_<NAME> from the environment, cast to the default's type."""
+    raw = os.environ.get(f"TANDEM_{name.upper()}")
+    if raw is None:
+        return default
+    return type(default)(raw) if default is not None else raw
+
+
+def default_model(dtype: str) -> Path:
+    from tandem.models.fetch import model_dir, tandem_home
+
+    return model_dir(tandem_home(), dtype)
+
+
+def resolve_model(args) -> Path:
+    """--model, else the default model (fetched on first use)."""
+    if args.model:
+        return Path(args.model)
+    from tandem.models.fetch import fetch_default_model, tandem_home
+
+    return fetch_default_model(tandem_home(), log=lambda m: print(m, file=sys.stderr))[args.dtype]
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=_env("model", None), help="HF safetensors folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default=_env("dtype", "float32"), choices=["float32", "bfloat16"])
+
+
+def _add_target_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=_env("device", "cpu"))
+    p.add_argument("--kv-page-size", type=int, default=_env("kv_page_size", 16))
+    p.add_argument("--kv-cache-tokens", type=int, default=_env("kv_cache_tokens", 32768))
+    p.add_argument("--max-num-sequence", type=int, default=_env("max_num_sequence", 64))
+    p.add_argument("--max-context-length", type=int, default=_env("max_context_length", 0))
+    p.add_argument("--threads", type=int, default=_env("threads", 0), help="torch threads (0: default)")
+
+
+def _add_router_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prefill-chunk-size", type=int, default=_env("prefill_chunk_size", 512))
+    p.add_argument("--max-waiting", type=int, default=_env("max_waiting", 1024))
+    p.add_argument("--default-max-tokens", type=int, default=_env("default_max_tokens", 1024))
+
+
+def target_config(args, model: Path):
+    from target_service.config import TargetConfig
+
+    return TargetConfig(
+        model_dir=model,
+        dtype=args.dtype,
+        device=args.device,
+        host=args.host,
+        port=args.port,
+        kv_page_size=args.kv_page_size,
+        kv_cache_tokens=args.kv_cache_tokens,
+        max_num_sequence=args.max_num_sequence,
+        max_context_length=args.max_context_length,
+        num_threads=args.threads,
+    )
+
+
+def router_config(args, model: Path):
+    from router.config import RouterConfig
+
+    return RouterConfig(
+        model_dir=model,
+        target_address=args.target,
+        host=args.host,
+        port=args.port,
+        prefill_chunk_size=args.prefill_chunk_size,
+        max_waiting=args.max_waiting,
+        default_max_tokens=args.default_max_tokens,
+    )
+
+
+def cmd_target(args) -> int:
+    from target_service.server import run_target
+
+    run_target(target_config(args, resolve_model(args)))
+    return 0
+
+
+def cmd_router(args) -> int:
+    from router.server import run_router
+
+    run_router(router_config(args, resolve_model(args)))
+    return 0
+
+
+def cmd_up(args) -> int:
+    from tandem.launcher import run_up
+
+    return run_up(args, resolve_model(args))
+
+
+def cmd_models(args) -> int:
+    from tandem.models.fetch import fetch_default_model, tandem_home
+
+    for dtype, folder in fetch_default_model(tandem_home()).items():
+        print(f"{dtype}: {folder}")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from tandem.client import generate
+
+    return generate(args)
+
+
+def cmd_health(args) -> int:
+    from tandem.client import health
+
+    return health(args.address, args.service, args.timeout)
+
+
+def cmd_bench(args) -> int:
+    from tandem.bench.plain import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description="speculative-decoding LLM server")
+    parser.add_argument("--log-level", default=_env("log_level", "INFO"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("target", help="the target (base model) service")
+    _add_model_flags(p)
+    _add_target_flags(p)
+    p.add_argument("--host", default=_env("target_host", "0.0.0.0"))
+    p.add_argument("--port", type=int, default=_env("target_port", 50052))
+    p.set_defaults(func=cmd_target)
+
+    p = sub.add_parser("router", help="the router (public API)")
+    _add_model_flags(p)
+    _add_router_flags(p)
+    p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"))
+    p.add_argument("--host", default=_env("router_host", "0.0.0.0"))
+    p.add_argument("--port", type=int, default=_env("router_port", 50051))
+    p.set_defaults(func=cmd_router)
+
+    p = sub.add_parser("up", help="target + router (+ draft) as local processes")
+    _add_model_flags(p)
+    _add_target_flags(p)
+    _add_router_flags(p)
+    p.add_argument("--draft", default=_env("draft", "none"), choices=["none"],
+                   help="draft method; eagle and medusa arrive with the draft service")
+    p.add_argument("--host", default=_env("host", "127.0.0.1"))
+    p.add_argument("--router-port", type=int, default=_env("router_port", 50051))
+    p.add_argument("--target-port", type=int, default=_env("target_port", 50052))
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("generate", help="stream a completion from the router")
+    p.add_argument("text")
+    p.add_argument("--address", default=_env("address", "127.0.0.1:50051"))
+    p.add_argument("--raw", action="store_true", help="send the text as a raw prompt, not a chat turn")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[])
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("health", help="exit 0 when the service at ADDR is SERVING")
+    p.add_argument("address")
+    p.add_argument("--service", default="")
+    p.add_argument("--timeout", type=float, default=3.0)
+    p.set_defaults(func=cmd_health)
+
+    p = sub.add_parser("models", help="model management")
+    p.add_argument("action", choices=["fetch"])
+    p.set_defaults(func=cmd_models)
+
+    from tandem.bench.plain import add_bench_flags
+
+    p = sub.add_parser("bench", help="benchmarks (results in bench/results/)")
+    add_bench_flags(p)
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

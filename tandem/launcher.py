@@ -1,0 +1,84 @@
+"""`tandem up`: the services as local processes, stopped together on Ctrl-C or SIGTERM."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tandem.client import health
+
+READY_TIMEOUT_S = 300.0
+
+
+def _spawn(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tandem.cli", *args])
+
+
+def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"a service exited before {address} was ready")
+        if health(address, timeout=1.0) == 0:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{address} not SERVING after {timeout:.0f} s")
+
+
+def service_args(args, model: Path) -> tuple[list[str], list[str]]:
+    common = ["--model", str(model), "--dtype", args.dtype]
+    target = [
+        "target", *common,
+        "--host", args.host, "--port", str(args.target_port),
+        "--device", args.device,
+        "--kv-page-size", str(args.kv_page_size),
+        "--kv-cache-tokens", str(args.kv_cache_tokens),
+        "--max-num-sequence", str(args.max_num_sequence),
+        "--max-context-length", str(args.max_context_length),
+        "--threads", str(args.threads),
+    ]
+    router = [
+        "router", *common,
+        "--host", args.host, "--port", str(args.router_port),
+        "--target", f"{args.host}:{args.target_port}",
+        "--prefill-chunk-size", str(args.prefill_chunk_size),
+        "--max-waiting", str(args.max_waiting),
+        "--default-max-tokens", str(args.default_max_tokens),
+    ]
+    return target, router
+
+
+def run_up(args, model: Path) -> int:
+    target_args, router_args = service_args(args, model)
+    procs: list[subprocess.Popen] = []
+    stopping = False
+
+    def stop(*_):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        procs.append(_spawn(target_args))
+        wait_healthy(f"{args.host}:{args.target_port}", procs)
+        procs.append(_spawn(router_args))
+        wait_healthy(f"{args.host}:{args.router_port}", procs)
+        print(f"tandem up: router on {args.host}:{args.router_port} (draft: {args.draft})", flush=True)
+        while not stopping and all(p.poll() is None for p in procs):
+            time.sleep(0.2)
+    finally:
+        _terminate(procs)
+    return 0 if stopping else 1
+
+
+def _terminate(procs: list[subprocess.Popen]) -> None:
+    for p in reversed(procs):  # the router first, so it stops sending steps
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()

@@ -1,0 +1,28 @@
+import pytest
+
+from tandem.testing.tiny import build_tiny_model
+from tests.services.harness import start_services
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0, max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def services(tiny_model):
+    s = start_services(tiny_model)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    """After every services test: no pages or sequences left in the target."""
+    yield
+    if "services" not in request.fixturenames:
+        return
+    services = request.getfixturevalue("services")
+    stats = services.wait_idle()
+    assert stats.sequences_live == 0, stats
+    assert stats.kv_pages_free == stats.kv_pages_total, stats

@@ -1,0 +1,82 @@
+"""Runs a real target server and a real router server in this process, on loopback ports."""
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import grpc
+
+from router.config import RouterConfig
+from router.server import start_router
+from tandem.grpc_server import CHANNEL_OPTIONS
+from tandem.v1 import engine_pb2, engine_pb2_grpc, generate_pb2, generate_pb2_grpc
+from target_service.config import TargetConfig
+from target_service.server import start_target
+
+
+@dataclass
+class Services:
+    target_port: int
+    router_port: int
+    target_server: grpc.Server
+    target_engine: object
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    router_server: object
+    router_engine: object
+    channel: grpc.Channel
+
+    @property
+    def stub(self) -> generate_pb2_grpc.GenerationStub:
+        return generate_pb2_grpc.GenerationStub(self.channel)
+
+    def target_stats(self):
+        with grpc.insecure_channel(f"127.0.0.1:{self.target_port}") as ch:
+            return engine_pb2_grpc.TargetEngineStub(ch).Stats(engine_pb2.EngineStatsRequest(), timeout=10)
+
+    def wait_idle(self, timeout: float = 10.0):
+        """Target stats once the router has sent its last removes (they ride on the next step)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.target_stats()
+            idle = stats.sequences_live == 0 and stats.kv_pages_free == stats.kv_pages_total
+            if idle or time.monotonic() > deadline:
+                return stats
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.channel.close()
+        asyncio.run_coroutine_threadsafe(self._stop_router(), self.loop).result(timeout=30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        self.target_server.stop(0).wait()
+
+    async def _stop_router(self):
+        await self.router_server.stop(0)
+        await self.router_engine.stop()
+
+
+def start_services(model_dir: Path, *, target: dict | None = None, router: dict | None = None) -> Services:
+    tconf = replace(TargetConfig(model_dir=model_dir, port=0, kv_cache_tokens=8192, kv_page_size=8), **(target or {}))
+    target_server, _, target_port, engine = start_target(tconf)
+    rconf = replace(
+        RouterConfig(model_dir=model_dir, target_address=f"127.0.0.1:{target_port}", port=0, connect_timeout_s=30),
+        **(router or {}),
+    )
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server, router_engine, _, _, router_port = asyncio.run_coroutine_threadsafe(start_router(rconf), loop).result(timeout=60)
+    channel = grpc.insecure_channel(f"127.0.0.1:{router_port}", options=CHANNEL_OPTIONS)
+    return Services(target_port, router_port, target_server, engine, loop, thread, server, router_engine, channel)
+
+
+def generate(stub, timeout: float = 120, **fields) -> tuple[list[int], str, list, generate_pb2.GenerateResponse]:
+    """Runs one Generate stream; returns (token ids, text, responses, last response)."""
+    params = fields.pop("params", None) or generate_pb2.SamplingParams()
+    responses = list(stub.Generate(generate_pb2.GenerateRequest(params=params, **fields), timeout=timeout))
+    ids = [t for r in responses for c in r.choices for t in c.token_ids]
+    text = "".join(c.text for r in responses for c in r.choices)
+    return ids, text, responses, responses[-1]
