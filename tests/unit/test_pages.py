@@ -1,0 +1,482 @@
+"""PageAllocator: literal cases, then a model-based test of copy-on-write isolation.
+
+The model test keeps a fake KV slot array: every appended token writes a unique label into the
+slot the allocator returned (after performing the PageCopy instructions, as the tensor layer
+does). Reading `slots(seq)` back from that array must give exactly the labels the sequence was
+built from; a missing or misdirected copy, or a write into a page another sequence holds, shows
+up as a wrong label.
+"""
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from tandem.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from tandem.kv.pages import PageAllocator, PageCopy, pages_for
+
+
+def _filled(alloc: PageAllocator, seq_id: int, num_tokens: int) -> list[int]:
+    alloc.add(seq_id)
+    slots, copies = alloc.append(seq_id, num_tokens)
+    assert copies == []
+    return slots
+
+
+# -- pages_for and construction ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tokens, page_size, pages", [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (8, 4, 2), (9, 1, 9)]
+)
+def test_pages_for(tokens, page_size, pages):
+    assert pages_for(tokens, page_size) == pages
+
+
+@pytest.mark.parametrize("num_pages, page_size", [(0, 4), (4, 0), (-1, 4)])
+def test_rejects_non_positive_sizes(num_pages, page_size):
+    with pytest.raises(ValueError):
+        PageAllocator(num_pages, page_size)
+
+
+# -- add / append ------------------------------------------------------------------------------
+
+
+def test_append_hands_out_low_pages_first():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    alloc.add(1)
+    assert alloc.length(1) == 0 and alloc.page_table(1) == [] and alloc.slots(1) == []
+    assert alloc.append(1, 3) == ([0, 1, 2], [])
+    assert alloc.page_table(1) == [0]
+    assert alloc.append(1, 2) == ([3, 4], [])
+    assert alloc.page_table(1) == [0, 1]
+    assert alloc.length(1) == 5
+    assert alloc.slots(1) == [0, 1, 2, 3, 4]
+    assert alloc.num_free_pages == 6
+    alloc.add(2)
+    assert alloc.append(2, 6) == ([8, 9, 10, 11, 12, 13], [])
+    assert alloc.page_table(2) == [2, 3]
+    assert alloc.num_free_pages == 4
+    assert alloc.num_sequences == 2 and alloc.seq_ids() == [1, 2]
+    assert alloc.has(1) and not alloc.has(3)
+
+
+def test_append_zero_tokens_is_a_no_op():
+    alloc = PageAllocator(num_pages=2, page_size=4)
+    _filled(alloc, 1, 4)
+    assert alloc.append(1, 0) == ([], [])
+    assert alloc.page_table(1) == [0] and alloc.num_free_pages == 1
+
+
+def test_page_table_is_a_copy():
+    alloc = PageAllocator(num_pages=4, page_size=4)
+    _filled(alloc, 1, 5)
+    alloc.page_table(1).append(3)
+    assert alloc.page_table(1) == [0, 1]
+
+
+# -- fork and copy-on-write ------------------------------------------------------------------------
+
+
+def test_fork_at_page_boundary_shares_full_pages_without_copy():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    _filled(alloc, 1, 8)  # pages [0, 1]
+    alloc.fork(2, 1, 4)
+    assert alloc.page_table(2) == [0] and alloc.length(2) == 4
+    assert alloc.slots(2) == [0, 1, 2, 3]
+    assert alloc.num_free_pages == 6  # nothing taken by the fork
+    assert alloc.pages_needed(2, 1) == 1
+    assert alloc.append(2, 1) == ([8], [])  # a fresh page 2, no copy
+    assert alloc.page_table(2) == [0, 2]
+    assert alloc.append(1, 1) == ([12], [])  # parent's pages were full: fresh page 3
+    assert alloc.page_table(1) == [0, 1, 3]
+
+
+def test_fork_mid_page_child_writes_first():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    _filled(alloc, 1, 6)  # pages [0, 1]; page 1 holds 2 tokens
+    alloc.fork(2, 1, 6)
+    assert alloc.page_table(2) == [0, 1]
+    assert alloc.num_free_pages == 6
+    assert alloc.pages_needed(2, 1) == 1  # the private copy of page 1
+    assert alloc.append(2, 1) == ([10], [PageCopy(src=1, dst=2, num_slots=2)])
+    assert alloc.page_table(2) == [0, 2]
+    assert alloc.slots(2) == [0, 1, 2, 3, 8, 9, 10]
+    # The parent now holds page 1 alone: it writes in place.
+    assert alloc.pages_needed(1, 1) == 0
+    assert alloc.append(1, 1) == ([6], [])
+    assert alloc.page_table(1) == [0, 1]
+    # Both now own their last page: no more copies.
+    assert alloc.append(2, 1) == ([11], [])
+    assert alloc.append(1, 1) == ([7], [])
+    assert alloc.num_free_pages == 5
+
+
+def test_fork_mid_page_parent_writes_first():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    _filled(alloc, 1, 6)
+    alloc.fork(2, 1, 6)
+    assert alloc.pages_needed(1, 1) == 1
+    assert alloc.append(1, 1) == ([10], [PageCopy(src=1, dst=2, num_slots=2)])
+    assert alloc.page_table(1) == [0, 2]
+    assert alloc.slots(1) == [0, 1, 2, 3, 8, 9, 10]
+    assert alloc.append(2, 1) == ([6], [])  # the child inherited page 1 alone
+    assert alloc.page_table(2) == [0, 1]
+
+
+def test_fork_before_parent_end_copies_only_the_childs_slots():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    _filled(alloc, 1, 7)  # pages [0, 1]
+    alloc.fork(2, 1, 5)
+    assert alloc.page_table(2) == [0, 1] and alloc.length(2) == 5
+    assert alloc.slots(2) == [0, 1, 2, 3, 4]
+    assert alloc.append(2, 4) == ([9, 10, 11, 12], [PageCopy(src=1, dst=2, num_slots=1)])
+    assert alloc.page_table(2) == [0, 2, 3]
+    assert alloc.append(1, 1) == ([7], [])
+
+
+def test_fork_at_zero_shares_nothing():
+    alloc = PageAllocator(num_pages=4, page_size=4)
+    _filled(alloc, 1, 3)
+    alloc.fork(2, 1, 0)
+    assert alloc.page_table(2) == [] and alloc.length(2) == 0
+    assert alloc.append(2, 1) == ([4], [])
+
+
+def test_fork_of_fork_copies_once_per_writer():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    _filled(alloc, 1, 2)  # page 0 half full
+    alloc.fork(2, 1, 2)
+    alloc.fork(3, 2, 2)  # page 0 held three times
+    assert alloc.append(3, 1) == ([6], [PageCopy(src=0, dst=1, num_slots=2)])
+    assert alloc.append(2, 1) == ([10], [PageCopy(src=0, dst=2, num_slots=2)])
+    assert alloc.append(1, 1) == ([2], [])  # last holder of page 0
+    alloc.remove(1)
+    alloc.remove(2)
+    alloc.remove(3)
+    assert alloc.num_free_pages == 8
+
+
+# -- pop -----------------------------------------------------------------------------------------
+
+
+def test_pop_releases_pages_no_longer_covered():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    _filled(alloc, 1, 10)  # pages [0, 1, 2]
+    assert alloc.num_free_pages == 5
+    alloc.pop(1, 0)
+    assert alloc.length(1) == 10 and alloc.num_free_pages == 5
+    alloc.pop(1, 2)  # 8 tokens: still 2 full pages
+    assert alloc.page_table(1) == [0, 1] and alloc.num_free_pages == 6
+    alloc.pop(1, 1)  # 7 tokens: page 1 still covered
+    assert alloc.page_table(1) == [0, 1] and alloc.num_free_pages == 6
+    assert alloc.append(1, 1) == ([7], [])  # the freed slot is written again
+    alloc.pop(1, 8)
+    assert alloc.page_table(1) == [] and alloc.length(1) == 0 and alloc.num_free_pages == 8
+
+
+def test_pop_then_append_into_shared_page_copies():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    _filled(alloc, 1, 8)  # pages [0, 1]
+    alloc.fork(2, 1, 8)  # shares both full pages
+    alloc.pop(2, 2)  # 6 tokens: page 1 still shared, now partial for the child
+    assert alloc.page_table(2) == [0, 1] and alloc.num_free_pages == 6
+    assert alloc.pages_needed(2, 1) == 1
+    assert alloc.append(2, 1) == ([10], [PageCopy(src=1, dst=2, num_slots=2)])
+    assert alloc.slots(1) == list(range(8))  # the parent is untouched
+    assert alloc.slots(2) == [0, 1, 2, 3, 4, 5, 10]
+
+
+def test_pop_of_a_shared_page_keeps_it_for_the_other_holder():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    _filled(alloc, 1, 8)
+    alloc.fork(2, 1, 8)
+    alloc.pop(1, 4)  # the parent drops page 1; the child still holds it
+    assert alloc.page_table(1) == [0]
+    assert alloc.num_free_pages == 6
+    assert alloc.append(1, 1) == ([8], [])  # a fresh page, not page 1
+    assert alloc.page_table(2) == [0, 1]
+    alloc.pop(2, 8)
+    assert alloc.num_free_pages == 6  # page 0 still the parent's; page 1 free; page 2 parent's
+    assert alloc.page_table(1) == [0, 2]
+
+
+# -- remove / clear ------------------------------------------------------------------------------
+
+
+def test_remove_frees_pages_only_when_no_sequence_holds_them():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    _filled(alloc, 1, 6)  # pages [0, 1]
+    alloc.fork(2, 1, 6)
+    alloc.append(2, 3)  # child: [0, 2, 3] after copying page 1
+    assert alloc.num_free_pages == 4
+    alloc.remove(1)  # page 0 is still the child's; page 1 only the parent's
+    assert not alloc.has(1)
+    assert alloc.num_free_pages == 5
+    assert alloc.page_table(2) == [0, 2, 3]
+    alloc.remove(2)
+    assert alloc.num_free_pages == 8 and alloc.num_sequences == 0
+    # Free pages are handed out again; the id can be reused.
+    alloc.add(1)
+    assert alloc.append(1, 1)[0] in [[p * 4] for p in range(8)]
+
+
+def test_clear_frees_everything():
+    alloc = PageAllocator(num_pages=8, page_size=4)
+    _filled(alloc, 1, 6)
+    alloc.fork(2, 1, 5)
+    alloc.fork(3, 1, 2)
+    alloc.append(3, 7)
+    alloc.clear()
+    assert alloc.num_sequences == 0 and alloc.seq_ids() == []
+    assert alloc.num_free_pages == 8
+    alloc.add(1)
+    assert alloc.append(1, 32)[0] == list(range(32))  # every page is usable again, in order
+
+
+# -- exhaustion ----------------------------------------------------------------------------------
+
+
+def test_append_raises_before_changing_anything_when_pages_run_out():
+    alloc = PageAllocator(num_pages=2, page_size=4)
+    _filled(alloc, 1, 5)
+    assert alloc.num_free_pages == 0
+    assert alloc.pages_needed(1, 3) == 0
+    assert alloc.pages_needed(1, 4) == 1
+    with pytest.raises(ResourceExhausted):
+        alloc.append(1, 4)
+    assert alloc.length(1) == 5 and alloc.page_table(1) == [0, 1] and alloc.num_free_pages == 0
+    assert alloc.append(1, 3) == ([5, 6, 7], [])  # what fits still goes in
+    with pytest.raises(ResourceExhausted):
+        alloc.append(1, 1)
+    assert alloc.length(1) == 8
+
+
+def test_copy_on_write_counts_against_the_free_pages():
+    alloc = PageAllocator(num_pages=2, page_size=4)
+    _filled(alloc, 1, 2)  # page 0, half full
+    alloc.fork(2, 1, 2)
+    assert alloc.num_free_pages == 1
+    assert alloc.pages_needed(2, 3) == 2  # the copy + one more page
+    with pytest.raises(ResourceExhausted):
+        alloc.append(2, 3)
+    assert alloc.length(2) == 2 and alloc.page_table(2) == [0] and alloc.num_free_pages == 1
+    assert alloc.pages_needed(2, 2) == 1
+    assert alloc.append(2, 2) == ([6, 7], [PageCopy(src=0, dst=1, num_slots=2)])
+    assert alloc.num_free_pages == 0
+    with pytest.raises(ResourceExhausted):
+        alloc.add(3) or alloc.append(3, 1)
+    assert alloc.length(3) == 0 and alloc.page_table(3) == []
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a: a.length(9),
+        lambda a: a.page_table(9),
+        lambda a: a.slots(9),
+        lambda a: a.pages_needed(9, 1),
+        lambda a: a.append(9, 1),
+        lambda a: a.pop(9, 0),
+        lambda a: a.remove(9),
+        lambda a: a.fork(10, 9, 0),
+    ],
+)
+def test_unknown_sequence_is_not_found(call):
+    alloc = PageAllocator(num_pages=4, page_size=4)
+    _filled(alloc, 1, 3)
+    with pytest.raises(NotFound):
+        call(alloc)
+    assert alloc.num_free_pages == 3 and alloc.seq_ids() == [1]
+
+
+def test_duplicate_ids_fail_precondition():
+    alloc = PageAllocator(num_pages=4, page_size=4)
+    _filled(alloc, 1, 3)
+    alloc.add(2)
+    with pytest.raises(FailedPrecondition):
+        alloc.add(1)
+    with pytest.raises(FailedPrecondition):
+        alloc.fork(2, 1, 1)
+    assert alloc.length(1) == 3 and alloc.length(2) == 0 and alloc.num_free_pages == 3
+
+
+@pytest.mark.parametrize("position", [-1, 4, 100])
+def test_fork_position_outside_parent_is_invalid(position):
+    alloc = PageAllocator(num_pages=4, page_size=4)
+    _filled(alloc, 1, 3)
+    with pytest.raises(InvalidArgument):
+        alloc.fork(2, 1, position)
+    assert not alloc.has(2)
+    alloc.fork(2, 1, 3)  # the refcounts were not touched: the copy-on-write still happens
+    assert alloc.append(2, 1)[1] == [PageCopy(src=0, dst=1, num_slots=3)]
+
+
+@pytest.mark.parametrize("count", [-1, 4])
+def test_pop_beyond_length_is_invalid(count):
+    alloc = PageAllocator(num_pages=4, page_size=4)
+    _filled(alloc, 1, 3)
+    with pytest.raises(InvalidArgument):
+        alloc.pop(1, count)
+    assert alloc.length(1) == 3 and alloc.num_free_pages == 3
+
+
+# -- model-based: random operations against a fake slot array ----------------------------------
+
+
+class Model:
+    """The allocator next to a fake KV slot array and each sequence's expected labels."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        self.alloc = PageAllocator(num_pages, page_size)
+        self.page_size = page_size
+        self.kv: list[object] = [None] * (num_pages * page_size)
+        self.tokens: dict[int, list[int]] = {}
+        self.next_id = 0
+        self.next_label = 0
+
+    def add(self) -> int:
+        seq_id = self.next_id
+        self.next_id += 1
+        self.alloc.add(seq_id)
+        self.tokens[seq_id] = []
+        return seq_id
+
+    def fork(self, parent: int, position: int) -> int:
+        seq_id = self.next_id
+        self.next_id += 1
+        self.alloc.fork(seq_id, parent, position)
+        self.tokens[seq_id] = self.tokens[parent][:position]
+        return seq_id
+
+    def append(self, seq_id: int, num_tokens: int) -> None:
+        free = self.alloc.num_free_pages
+        needed = self.alloc.pages_needed(seq_id, num_tokens)
+        before = (self.alloc.length(seq_id), self.alloc.page_table(seq_id))
+        if needed > free:
+            with pytest.raises(ResourceExhausted):
+                self.alloc.append(seq_id, num_tokens)
+            assert (self.alloc.length(seq_id), self.alloc.page_table(seq_id)) == before
+            assert self.alloc.num_free_pages == free
+            return
+        slots, copies = self.alloc.append(seq_id, num_tokens)
+        assert free - self.alloc.num_free_pages == needed
+        assert len(slots) == num_tokens and len(copies) <= 1
+        ps = self.page_size
+        for c in copies:  # what PagedKVCache.apply_copies does, on labels
+            assert 0 < c.num_slots < ps
+            self.kv[c.dst * ps : c.dst * ps + c.num_slots] = self.kv[c.src * ps : c.src * ps + c.num_slots]
+        for slot in slots:
+            self.kv[slot] = self.next_label
+            self.tokens[seq_id].append(self.next_label)
+            self.next_label += 1
+
+    def pop(self, seq_id: int, num_tokens: int) -> None:
+        self.alloc.pop(seq_id, num_tokens)
+        del self.tokens[seq_id][len(self.tokens[seq_id]) - num_tokens :]
+
+    def remove(self, seq_id: int) -> None:
+        self.alloc.remove(seq_id)
+        del self.tokens[seq_id]
+
+    def check(self) -> None:
+        alloc = self.alloc
+        assert sorted(alloc.seq_ids()) == sorted(self.tokens)
+        in_use: set[int] = set()
+        for seq_id, labels in self.tokens.items():
+            assert alloc.length(seq_id) == len(labels)
+            table = alloc.page_table(seq_id)
+            assert len(table) == pages_for(len(labels), self.page_size)
+            assert len(set(table)) == len(table)
+            assert [self.kv[s] for s in alloc.slots(seq_id)] == labels, seq_id
+            in_use.update(table)
+        free = alloc._free
+        assert len(set(free)) == len(free)
+        assert not in_use & set(free)
+        assert alloc.num_free_pages + len(in_use) == alloc.num_pages
+
+    def remove_all(self) -> None:
+        for seq_id in list(self.tokens):
+            self.remove(seq_id)
+        assert self.alloc.num_sequences == 0
+        assert self.alloc.num_free_pages == self.alloc.num_pages
+
+
+class AllocatorMachine(RuleBasedStateMachine):
+    @initialize(num_pages=st.integers(1, 10), page_size=st.sampled_from([1, 2, 3, 4]))
+    def setup(self, num_pages, page_size):
+        self.m = Model(num_pages, page_size)
+
+    @rule()
+    def add(self):
+        self.m.add()
+
+    @precondition(lambda self: self.m.tokens)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(sorted(self.m.tokens)))
+        position = data.draw(st.integers(0, len(self.m.tokens[parent])))
+        self.m.fork(parent, position)
+
+    @precondition(lambda self: self.m.tokens)
+    @rule(data=st.data(), num_tokens=st.integers(0, 9))
+    def append(self, data, num_tokens):
+        self.m.append(data.draw(st.sampled_from(sorted(self.m.tokens))), num_tokens)
+
+    @precondition(lambda self: self.m.tokens)
+    @rule(data=st.data())
+    def pop(self, data):
+        seq_id = data.draw(st.sampled_from(sorted(self.m.tokens)))
+        self.m.pop(seq_id, data.draw(st.integers(0, len(self.m.tokens[seq_id]))))
+
+    @precondition(lambda self: self.m.tokens)
+    @rule(data=st.data())
+    def remove(self, data):
+        self.m.remove(data.draw(st.sampled_from(sorted(self.m.tokens))))
+
+    @invariant()
+    def consistent(self):
+        if hasattr(self, "m"):
+            self.m.check()
+
+    def teardown(self):
+        if hasattr(self, "m"):
+            self.m.remove_all()
+
+
+AllocatorMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestAllocatorMachine = AllocatorMachine.TestCase
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_walk_keeps_sequences_isolated(seed):
+    """Longer seeded walks than hypothesis runs, with a few pages so exhaustion happens."""
+    rng = random.Random(seed)
+    m = Model(num_pages=rng.randint(3, 12), page_size=rng.choice([1, 2, 4, 8]))
+    for _ in range(300):
+        live = sorted(m.tokens)
+        op = rng.choice(["add", "fork", "append", "append", "append", "pop", "remove"]) if live else "add"
+        if op == "add" and len(live) < 8:
+            m.add()
+        elif op == "fork" and len(live) < 8:
+            parent = rng.choice(live)
+            m.fork(parent, rng.randint(0, len(m.tokens[parent])))
+        elif op == "append":
+            m.append(rng.choice(live), rng.randint(0, 6))
+        elif op == "pop":
+            seq_id = rng.choice(live)
+            m.pop(seq_id, rng.randint(0, len(m.tokens[seq_id])))
+        elif op == "remove":
+            m.remove(rng.choice(live))
+        m.check()
+    m.remove_all()
