@@ -62,15 +62,17 @@ def _print_figures(usage, stats, elapsed: float, ttft: float) -> None:
         print("speculation: off (plain decoding; 1 token per target step)", file=sys.stderr)
 
 
-def health(address: str, service: str = "", timeout: float = 3.0) -> int:
+def health(address: str, service: str = "", timeout: float = 3.0, quiet: bool = False) -> int:
     """0 when SERVING, 1 otherwise (for compose healthchecks)."""
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             status = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
         except grpc.RpcError as e:
-            print(f"{address}: {e.code().name}", file=sys.stderr)
+            if not quiet:
+                print(f"{address}: {e.code().name}", file=sys.stderr)
             return 1
     name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
-    print(f"{address}: {name}")
+    if not quiet:
+        print(f"{address}: {name}")
     return 0 if status == health_pb2.HealthCheckResponse.SERVING else 1

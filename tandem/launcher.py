@@ -20,7 +20,7 @@ def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = R
     while time.monotonic() < deadline:
         if any(p.poll() is not None for p in procs):
             raise RuntimeError(f"a service exited before {address} was ready")
-        if health(address, timeout=1.0) == 0:
+        if health(address, timeout=1.0, quiet=True) == 0:
             return
         time.sleep(0.5)
     raise RuntimeError(f"{address} not SERVING after {timeout:.0f} s")

@@ -3,7 +3,9 @@ SwiGLU, optionally tied embeddings. Works on a packed batch of tokens from many 
 attention goes through an AttentionBackend over a paged KV cache.
 
 q/k/v and gate/up projections are fused into one matrix each: fewer, larger matmuls per layer,
-which is what a memory-bound decode step wants.
+which is what a memory-bound decode step wants. Weights are stored transposed, [in, out]
+contiguous: on CPU `x @ w` then streams each weight at ~18 GB/s where `F.linear` (which wants
+[out, in]) reaches ~10 GB/s, measured here at batch 1.
 """
 
 from dataclasses import dataclass
@@ -20,12 +22,12 @@ from tandem.models.rope import apply_rope
 @dataclass(frozen=True, slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [D]
-    qkv: torch.Tensor  # [(H + 2 * KVH) * d, D]
+    qkv: torch.Tensor  # [D, (H + 2 * KVH) * d]
     qkv_bias: torch.Tensor | None  # [(H + 2 * KVH) * d]
-    o: torch.Tensor  # [D, H * d]
+    o: torch.Tensor  # [H * d, D]
     post_norm: torch.Tensor  # [D]
-    gate_up: torch.Tensor  # [2 * I, D]
-    down: torch.Tensor  # [D, I]
+    gate_up: torch.Tensor  # [D, 2 * I]
+    down: torch.Tensor  # [I, D]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +35,7 @@ class ModelWeights:
     embed: torch.Tensor  # [V, D]
     layers: tuple[LayerWeights, ...]
     norm: torch.Tensor  # [D]
-    lm_head: torch.Tensor  # [V, D]; the same tensor as embed when tied
+    lm_head: torch.Tensor  # [D, V] (a transposed copy of embed when tied)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,18 +89,19 @@ class LlamaModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, D] (final-norm) -> logits [S, V] in fp32."""
-        return F.linear(hidden, self.weights.lm_head).float()
+        return (hidden @ self.weights.lm_head).float()
 
     def _attention(self, index, layer: LayerWeights, x, cos, sin, batch: ForwardBatch, cache):
         c = self.config
         tokens = x.shape[0]
-        q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split(self._splits, dim=-1)
+        qkv = x @ layer.qkv if layer.qkv_bias is None else torch.addmm(layer.qkv_bias, x, layer.qkv)
+        q, k, v = qkv.split(self._splits, dim=-1)
         q = apply_rope(q.view(tokens, c.num_heads, c.head_dim), cos, sin)
         k = apply_rope(k.view(tokens, c.num_kv_heads, c.head_dim), cos, sin)
         v = v.view(tokens, c.num_kv_heads, c.head_dim)
         out = self.backend.forward(index, q, k, v, cache, batch.slot_mapping, batch.plan, self.scale)
-        return F.linear(out.reshape(tokens, c.num_heads * c.head_dim), layer.o)
+        return out.reshape(tokens, c.num_heads * c.head_dim) @ layer.o
 
     def _mlp(self, layer: LayerWeights, x):
-        gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.down)
+        gate, up = (x @ layer.gate_up).chunk(2, dim=-1)
+        return (F.silu(gate) * up) @ layer.down

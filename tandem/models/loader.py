@@ -34,12 +34,15 @@ def build_weights(config: ModelConfig, state: dict[str, torch.Tensor], dtype: to
     def take(name: str) -> torch.Tensor:
         if name not in state:
             raise InvalidArgument(f"checkpoint lacks weight {name}")
-        return state[name].to(device=device, dtype=dtype).contiguous()
+        return state[name].to(device=device, dtype=dtype)
+
+    def t(x: torch.Tensor) -> torch.Tensor:  # [out, in] -> [in, out] contiguous
+        return x.t().contiguous()
 
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+        qkv = t(torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
         bias = None
         if config.attention_bias:
             bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
@@ -48,19 +51,19 @@ def build_weights(config: ModelConfig, state: dict[str, torch.Tensor], dtype: to
                 input_norm=take(p + "input_layernorm.weight"),
                 qkv=qkv,
                 qkv_bias=bias,
-                o=take(p + "self_attn.o_proj.weight"),
+                o=t(take(p + "self_attn.o_proj.weight")),
                 post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
-                down=take(p + "mlp.down_proj.weight"),
+                gate_up=t(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])),
+                down=t(take(p + "mlp.down_proj.weight")),
             )
         )
-    embed = take("model.embed_tokens.weight")
+    embed = take("model.embed_tokens.weight").contiguous()
     tied = config.tie_word_embeddings or "lm_head.weight" not in state
     return ModelWeights(
         embed=embed,
         layers=tuple(layers),
-        norm=take("model.norm.weight"),
-        lm_head=embed if tied else take("lm_head.weight"),
+        norm=take("model.norm.weight").contiguous(),
+        lm_head=t(embed if tied else take("lm_head.weight")),
     )
 
 

@@ -186,7 +186,7 @@ def test_pop_then_append_into_shared_page_copies():
     assert alloc.pages_needed(2, 1) == 1
     assert alloc.append(2, 1) == ([10], [PageCopy(src=1, dst=2, num_slots=2)])
     assert alloc.slots(1) == list(range(8))  # the parent is untouched
-    assert alloc.slots(2) == [0, 1, 2, 3, 4, 5, 10]
+    assert alloc.slots(2) == [0, 1, 2, 3, 8, 9, 10]
 
 
 def test_pop_of_a_shared_page_keeps_it_for_the_other_holder():
@@ -218,9 +218,8 @@ def test_remove_frees_pages_only_when_no_sequence_holds_them():
     assert alloc.page_table(2) == [0, 2, 3]
     alloc.remove(2)
     assert alloc.num_free_pages == 8 and alloc.num_sequences == 0
-    # Free pages are handed out again; the id can be reused.
-    alloc.add(1)
-    assert alloc.append(1, 1)[0] in [[p * 4] for p in range(8)]
+    alloc.add(1)  # the id can be reused
+    assert len(alloc.append(1, 1)[0]) == 1 and alloc.num_free_pages == 7
 
 
 def test_clear_frees_everything():
@@ -233,7 +232,8 @@ def test_clear_frees_everything():
     assert alloc.num_sequences == 0 and alloc.seq_ids() == []
     assert alloc.num_free_pages == 8
     alloc.add(1)
-    assert alloc.append(1, 32)[0] == list(range(32))  # every page is usable again, in order
+    slots, _ = alloc.append(1, 32)  # every page is usable again
+    assert sorted(slots) == list(range(32)) and alloc.num_free_pages == 0
 
 
 # -- exhaustion ----------------------------------------------------------------------------------
@@ -266,8 +266,9 @@ def test_copy_on_write_counts_against_the_free_pages():
     assert alloc.pages_needed(2, 2) == 1
     assert alloc.append(2, 2) == ([6, 7], [PageCopy(src=0, dst=1, num_slots=2)])
     assert alloc.num_free_pages == 0
+    alloc.add(3)
     with pytest.raises(ResourceExhausted):
-        alloc.add(3) or alloc.append(3, 1)
+        alloc.append(3, 1)
     assert alloc.length(3) == 0 and alloc.page_table(3) == []
 
 
@@ -450,8 +451,8 @@ class AllocatorMachine(RuleBasedStateMachine):
 
 
 AllocatorMachine.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=40,
+    max_examples=100,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -1,0 +1,68 @@
+"""Facts of the machine a benchmark ran on, and its measured matrix-vector bandwidth."""
+
+import os
+import platform
+import time
+from pathlib import Path
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_facts(threads: int) -> dict:
+    import torch
+
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem / 2**30, 1),
+        "torch": torch.__version__,
+        "torch_threads": threads or torch.get_num_threads(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cuda": torch.cuda.is_available(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def matvec_bandwidth(dtype: str, threads: int, total_bytes: int = 256 * 2**20) -> float:
+    """Bytes/s that `x @ W` streams at batch 1 over weights much larger than the caches."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    dt = getattr(torch, dtype)
+    rows, cols = 576, 3072
+    count = max(1, total_bytes // (rows * cols * torch.empty((), dtype=dt).element_size()))
+    weights = [torch.randn(rows, cols).to(dt) for _ in range(count)]
+    x = torch.randn(1, rows).to(dt)
+    for w in weights[:4]:
+        x @ w
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for w in weights:
+            x @ w
+        best = min(best, time.perf_counter() - started)
+    return sum(w.numel() * w.element_size() for w in weights) / best
+
+
+def decode_weight_bytes(model_dir: Path, dtype: str) -> int:
+    """Bytes of weights one decode step reads: every layer and the lm_head (one embedding row
+    is negligible)."""
+    from tandem.models.config import ModelConfig
+
+    c = ModelConfig.from_folder(model_dir)
+    size = 2 if dtype in ("bfloat16", "float16") else 4
+    attn = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * c.hidden_size
+    mlp = 3 * c.hidden_size * c.intermediate_size
+    per_layer = attn + mlp + 2 * c.hidden_size
+    return size * (c.num_layers * per_layer + c.vocab_size * c.hidden_size + c.hidden_size)
