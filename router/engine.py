@@ -8,6 +8,7 @@ only ever touched from one thread.
 import asyncio
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -39,6 +40,8 @@ class Counters:
     completion_tokens_total: int = 0
     steps_total: int = 0
     step_errors_total: int = 0
+    step_ms_total: float = 0.0
+    target_compute_ms_total: float = 0.0
 
 
 class RouterEngine:
@@ -112,12 +115,16 @@ class RouterEngine:
 
     async def _step(self, plan: StepPlan):
         request = StepRequest(step_id=next(self._step_ids), ops=plan.ops, entries=plan.entries)
+        started = time.perf_counter()
         try:
             response = await self.target.Step(codec.step_request_to_pb(request), timeout=self.config.step_timeout_s)
         except grpc.aio.AioRpcError as e:
             raise _as_error(e) from e
+        result = codec.step_result_from_pb(response)
         self.counters.steps_total += 1
-        return codec.step_result_from_pb(response)
+        self.counters.step_ms_total += (time.perf_counter() - started) * 1e3
+        self.counters.target_compute_ms_total += result.compute_ms
+        return result
 
     def _postprocess(self, plan: StepPlan, result) -> None:
         self.kv_pages_free = result.kv_pages_free

@@ -74,6 +74,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             sequences_live=sum(1 for s in e.scheduler.running if s.live),
             mean_accepted_length=1.0,
             speculation_active=False,
+            step_ms_total=c.step_ms_total,
+            target_compute_ms_total=c.target_compute_ms_total,
         )
 
 

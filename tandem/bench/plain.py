@@ -1,8 +1,8 @@
 """`tandem bench --mode plain`: tandem's plain decoding against transformers' `generate`, side by
 side in one run on MT-bench first turns, at batch 1 and with concurrent streams.
 
-Both generate exactly --max-tokens greedy tokens per prompt (tandem: ignore_eos; transformers:
-min_new_tokens), so the work is the same. Results go to bench/results/ with the machine's facts.
+Both generate exactly --max-tokens greedy tokens per prompt, eos not stopping either, so the work
+and (fp32) the outputs are the same. Results go to bench/results/ with the machine's facts.
 """
 
 import json
@@ -54,56 +54,74 @@ def _tandem_one(stub, ids: list[int], max_tokens: int) -> list[int]:
     return out
 
 
-def _timed(fn, prompts: list[list[int]], concurrency: int) -> tuple[float, list[list[int]]]:
-    started = time.perf_counter()
-    if concurrency == 1:
-        outputs = [fn(p) for p in prompts]
-    else:
-        with ThreadPoolExecutor(concurrency) as pool:
-            outputs = list(pool.map(fn, prompts))
-    return time.perf_counter() - started, outputs
+def _transformers_generate(args, model: Path):
+    """A function generating exactly max_tokens greedy tokens for a batch, eos not stopping it
+    (the same work tandem does with ignore_eos)."""
+    import copy
 
-
-def bench_tandem(args, model: Path, prompts) -> dict:
-    with running_services(model, args.dtype, args.threads) as address:
-        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-            stub = generate_pb2_grpc.GenerationStub(channel)
-            _tandem_one(stub, prompts[0], 4)  # warm-up
-            one = lambda ids: _tandem_one(stub, ids, args.max_tokens)  # noqa: E731
-            results = {}
-            for concurrency in (1, args.concurrency):
-                seconds, outputs = _timed(one, prompts, concurrency)
-                results[concurrency] = _figures(seconds, outputs)
-            results["outputs"] = outputs
-            return results
-
-
-def bench_transformers(args, model: Path, prompts) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, args.dtype)).eval()
-    n = args.max_tokens
+    config = copy.deepcopy(hf.generation_config)
+    config.eos_token_id = None
+    config.pad_token_id = 0
 
     def generate(batch: list[list[int]]) -> list[list[int]]:
         width = max(map(len, batch))
         ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])  # left padding
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.inference_mode():
-            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            out = hf.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                              max_new_tokens=args.max_tokens, do_sample=False)
         return out[:, width:].tolist()
 
-    generate([prompts[0]])  # warm-up
-    results = {}
-    seconds, outputs = _timed(lambda p: generate([p])[0], prompts, 1)
-    results[1] = _figures(seconds, outputs)
-    results["outputs"] = outputs
-    started = time.perf_counter()
-    batched = [o for i in range(0, len(prompts), args.concurrency) for o in generate(prompts[i : i + args.concurrency])]
-    results[args.concurrency] = _figures(time.perf_counter() - started, batched)
-    return results
+    return generate
+
+
+def bench_side_by_side(args, model: Path, prompts) -> tuple[dict, dict, list, list]:
+    """Alternates tandem and transformers group by group (a group: `concurrency` prompts, as
+    concurrent streams for tandem, as one padded batch for transformers), so that drift in the
+    machine's speed touches both alike."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    hf_generate = _transformers_generate(args, model)
+    tandem, hf = {}, {}
+    with running_services(model, args.dtype, args.threads) as address:
+        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            stub = generate_pb2_grpc.GenerationStub(channel)
+            _tandem_one(stub, prompts[0], 4)  # warm-up
+            hf_generate([prompts[0]])
+            for c in (1, args.concurrency):
+                groups = [prompts[i : i + c] for i in range(0, len(prompts), c)]
+                t_sec, h_sec, t_out, h_out = 0.0, 0.0, [], []
+                for group in groups:
+                    started = time.perf_counter()
+                    with ThreadPoolExecutor(len(group)) as pool:
+                        t_out += list(pool.map(lambda ids: _tandem_one(stub, ids, args.max_tokens), group))
+                    t_sec += time.perf_counter() - started
+                    started = time.perf_counter()
+                    h_out += hf_generate(group)
+                    h_sec += time.perf_counter() - started
+                    print(f"  x{c}: {len(t_out)}/{len(prompts)} prompts", flush=True)
+                tandem[c], hf[c] = _figures(t_sec, t_out), _figures(h_sec, h_out)
+                if c == 1:
+                    outputs = (t_out, h_out)
+            tandem["overhead"] = _overhead(stub)
+    return tandem, hf, *outputs
+
+
+def _overhead(stub) -> dict:
+    s = stub.Stats(pb.StatsRequest(), timeout=10)
+    steps = max(s.steps_total, 1)
+    return {
+        "steps": s.steps_total,
+        "mean_step_ms": round(s.step_ms_total / steps, 3),
+        "mean_target_compute_ms": round(s.target_compute_ms_total / steps, 3),
+        "rpc_overhead_fraction": round(1 - s.target_compute_ms_total / max(s.step_ms_total, 1e-9), 4),
+    }
 
 
 def _figures(seconds: float, outputs: list[list[int]]) -> dict:
@@ -117,11 +135,8 @@ def run_bench(args) -> int:
     model = _model(args)
     prompts = _prompts(args, AutoTokenizer.from_pretrained(model))
     print(f"bench plain: {len(prompts)} prompts x {args.max_tokens} tokens, {model}", flush=True)
-    tandem = bench_tandem(args, model, prompts)
-    print(f"tandem: {tandem[1]} / x{args.concurrency}: {tandem[args.concurrency]}", flush=True)
-    hf = bench_transformers(args, model, prompts)
-    print(f"transformers: {hf[1]} / x{args.concurrency}: {hf[args.concurrency]}", flush=True)
-    report = _report(args, model, tandem, hf)
+    tandem, hf, tandem_outputs, hf_outputs = bench_side_by_side(args, model, prompts)
+    report = _report(args, model, tandem, hf, tandem_outputs, hf_outputs)
     _write(Path(args.out), report)
     print(json.dumps(report["summary"], indent=2))
     return 0
@@ -141,14 +156,14 @@ def _model(args) -> Path:
     return fetch_default_model(tandem_home())[args.dtype]
 
 
-def _report(args, model: Path, tandem: dict, hf: dict) -> dict:
+def _report(args, model: Path, tandem: dict, hf: dict, tandem_outputs: list, hf_outputs: list) -> dict:
     from tandem.bench.machine import decode_weight_bytes
 
     c = args.concurrency
     weight_bytes = decode_weight_bytes(model, args.dtype)
     bandwidth = matvec_bandwidth(args.dtype, args.threads)
     bound_tps = bandwidth / weight_bytes  # one full read of the weights per decode step
-    same = sum(a == b for a, b in zip(tandem["outputs"], hf["outputs"]))
+    same = sum(a == b for a, b in zip(tandem_outputs, hf_outputs))
     summary = {
         "tandem_tok_s_batch1": tandem[1]["tokens_per_s"],
         "transformers_tok_s_batch1": hf[1]["tokens_per_s"],
@@ -158,21 +173,22 @@ def _report(args, model: Path, tandem: dict, hf: dict) -> dict:
         f"ratio_x{c}": round(tandem[c]["tokens_per_s"] / hf[c]["tokens_per_s"], 3),
         "bandwidth_bound_tok_s_batch1": round(bound_tps, 2),
         "tandem_fraction_of_bound_batch1": round(tandem[1]["tokens_per_s"] / bound_tps, 3),
-        "greedy_outputs_identical": f"{same}/{len(hf['outputs'])}",
+        "greedy_outputs_identical": f"{same}/{len(hf_outputs)}",
+        "rpc_overhead_fraction": tandem["overhead"]["rpc_overhead_fraction"],
     }
     return {
         "mode": "plain",
         "model": str(model),
         "dtype": args.dtype,
-        "prompts": len(hf["outputs"]),
+        "prompts": len(hf_outputs),
         "max_tokens": args.max_tokens,
         "concurrency": c,
         "reduced": args.reduced,
         "machine": machine_facts(args.threads),
         "weight_bytes_per_step": weight_bytes,
         "matvec_bandwidth_bytes_s": bandwidth,
-        "tandem": {k: v for k, v in tandem.items() if k != "outputs"},
-        "transformers": {k: v for k, v in hf.items() if k != "outputs"},
+        "tandem": tandem,
+        "transformers": hf,
         "summary": summary,
     }
 

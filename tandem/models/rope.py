@@ -39,8 +39,15 @@ def rope_tables(inv_freq: torch.Tensor, scaling: float, max_positions: int) -> t
     return emb.cos() * scaling, emb.sin() * scaling
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim]; cos, sin [T, head_dim] already gathered at each token's position."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated, so that rotate_half(x) * sin == roll(x) * signed_sin."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim]; cos and signed_sin(sin) [T, head_dim] at each token's position.
+
+    rotate_half(x) = cat(-x2, x1) = roll(x, half) with the first half negated: 3 ops, not 7."""
+    rolled = torch.roll(x, x.shape[-1] // 2, dims=-1)
+    return torch.addcmul(x * cos[:, None, :], rolled, signed[:, None, :])

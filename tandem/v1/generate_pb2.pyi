@@ -170,7 +170,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("requests_total", "requests_running", "requests_waiting", "prompt_tokens_total", "completion_tokens_total", "steps_total", "kv_pages_total", "kv_pages_free", "sequences_live", "draft_tokens_total", "accepted_draft_tokens_total", "mean_accepted_length", "acceptance_by_position", "speculation_active")
+    __slots__ = ("requests_total", "requests_running", "requests_waiting", "prompt_tokens_total", "completion_tokens_total", "steps_total", "kv_pages_total", "kv_pages_free", "sequences_live", "draft_tokens_total", "accepted_draft_tokens_total", "mean_accepted_length", "acceptance_by_position", "speculation_active", "step_ms_total", "target_compute_ms_total")
     REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,8 @@ class StatsResponse(_message.Message):
     MEAN_ACCEPTED_LENGTH_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_BY_POSITION_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    STEP_MS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_COMPUTE_MS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     requests_total: int
     requests_running: int
     requests_waiting: int
@@ -199,4 +201,6 @@ class StatsResponse(_message.Message):
     mean_accepted_length: float
     acceptance_by_position: _containers.RepeatedScalarFieldContainer[float]
     speculation_active: bool
-    def __init__(self, requests_total: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_waiting: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., completion_tokens_total: _Optional[int] = ..., steps_total: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., sequences_live: _Optional[int] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., speculation_active: _Optional[bool] = ...) -> None: ...
+    step_ms_total: float
+    target_compute_ms_total: float
+    def __init__(self, requests_total: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_waiting: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., completion_tokens_total: _Optional[int] = ..., steps_total: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., sequences_live: _Optional[int] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., speculation_active: _Optional[bool] = ..., step_ms_total: _Optional[float] = ..., target_compute_ms_total: _Optional[float] = ...) -> None: ...

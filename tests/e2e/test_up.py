@@ -1,0 +1,60 @@
+"""`tandem up`, `tandem generate` and `tandem health` as real processes."""
+
+import signal
+import subprocess
+import sys
+import time
+
+from tandem.bench.services import free_port
+from tandem.client import health
+from tests.e2e.conftest import ROOT, tandem_cli
+
+
+def wait_serving(address: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while health(address, timeout=1.0, quiet=True) != 0:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, f"{address} never became SERVING"
+        time.sleep(0.3)
+
+
+def test_up_generate_health_and_sigterm(tiny_model):
+    router, target = free_port(), free_port()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "tandem.cli", "up", "--model", str(tiny_model),
+         "--router-port", str(router), "--target-port", str(target), "--draft", "none"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        wait_serving(f"127.0.0.1:{router}", up)
+        assert tandem_cli("health", f"127.0.0.1:{target}").returncode == 0
+        out = tandem_cli("generate", "The quick brown fox", "--raw", "--max-tokens", "12",
+                         "--address", f"127.0.0.1:{router}")
+        assert out.returncode == 0, out.stderr
+        assert "completion 12 tokens" in out.stderr or "completion" in out.stderr
+        assert "speculation: off" in out.stderr
+        chat = tandem_cli("generate", "Hello there", "--max-tokens", "5", "--address", f"127.0.0.1:{router}")
+        assert chat.returncode == 0, chat.stderr
+    finally:
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(timeout=60)
+    assert code == 0
+    # both services are gone with it
+    assert health(f"127.0.0.1:{router}", timeout=1.0, quiet=True) == 1
+    assert health(f"127.0.0.1:{target}", timeout=1.0, quiet=True) == 1
+
+
+def test_health_of_nothing_fails():
+    assert tandem_cli("health", f"127.0.0.1:{free_port()}", "--timeout", "1").returncode == 1
+
+
+def test_bench_reduced_writes_results(tmp_path):
+    out = tandem_cli("bench", "--mode", "plain", "--reduced", "--max-tokens", "8", "--concurrency", "2",
+                     "--out", str(tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    report = json.loads((tmp_path / "plain-reduced-latest.json").read_text())
+    assert report["summary"]["greedy_outputs_identical"] == "4/4"
+    assert report["tandem"]["1"]["tokens"] == 32 and report["transformers"]["2"]["tokens"] == 32
+    assert report["machine"]["cores"] >= 1
