@@ -18,11 +18,15 @@ class RouterConfig:
     max_waiting: int = 1024
     # max_tokens when a request leaves it unset (clipped to the rest of the context).
     default_max_tokens: int = 1024
+    # The draft service; None: plain decoding.
+    draft_address: str | None = None
+    spec_draft_length: int = 4
+    draft_timeout_s: float = 10.0
     # How long to wait for the target at start-up and per step.
     connect_timeout_s: float = 120.0
     step_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("prefill_chunk_size", "max_waiting", "default_max_tokens"):
+        for name in ("prefill_chunk_size", "max_waiting", "default_max_tokens", "spec_draft_length"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")

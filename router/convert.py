@@ -86,6 +86,7 @@ def spec_from_pb(
         max_tokens=max_tokens,
         stop=tuple(p.stop),
         stop_token_ids=frozenset(stop_ids),
+        speculate=p.speculate if p.HasField("speculate") else True,
     )
 
 
@@ -103,8 +104,13 @@ def delta_to_pb(request_id: str, delta: Delta, tokenizer: Tokenizer, want_logpro
     return pb.GenerateResponse(request_id=request_id, choices=[choice])
 
 
-def usage_to_pb(prompt_tokens: int, completion_tokens: int) -> pb.Usage:
-    return pb.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+def usage_to_pb(state) -> pb.Usage:
+    return pb.Usage(
+        prompt_tokens=len(state.spec.prompt_ids),
+        completion_tokens=len(state.output_ids),
+        draft_tokens=state.draft_tokens,
+        accepted_draft_tokens=state.accepted_draft_tokens,
+    )
 
 
 __all__ = ["FinishReason", "delta_to_pb", "prompt_ids", "spec_from_pb", "usage_to_pb"]

@@ -17,10 +17,11 @@ from router.config import RouterConfig
 from router.output import OutputProcessor
 from router.request import Delta, GenerationSpec, RequestState
 from router.scheduler import Scheduler, SchedulerLimits, StepPlan
+from router.speculation import Speculator
 from router.tokenizer import Tokenizer
 from tandem import codec
 from tandem.errors import TandemError, Unavailable
-from tandem.ops import EngineInfo, StepRequest
+from tandem.ops import EngineInfo, EntryKind, StepRequest
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,14 @@ class Counters:
 
 
 class RouterEngine:
-    def __init__(self, config: RouterConfig, tokenizer: Tokenizer, target: engine_pb2_grpc.TargetEngineStub, info: EngineInfo):
+    def __init__(
+        self,
+        config: RouterConfig,
+        tokenizer: Tokenizer,
+        target: engine_pb2_grpc.TargetEngineStub,
+        info: EngineInfo,
+        speculator: Speculator | None = None,
+    ):
         self.config = config
         self.tokenizer = tokenizer
         self.target = target
@@ -60,6 +68,8 @@ class RouterEngine:
             )
         )
         self.counters = Counters()
+        self.speculator = speculator
+        self._last_step = 0  # the last target step that completed
         self.kv_pages_free = info.kv_pages_total
         self._streams: dict[int, Stream] = {}
         self._seq_ids = itertools.count(1)
@@ -76,7 +86,9 @@ class RouterEngine:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def submit(self, spec: GenerationSpec) -> Stream:
-        tokens = len(spec.prompt_ids) + spec.max_tokens
+        # A verify step appends k + 1 tokens before the rejected ones are popped.
+        spare = self.speculator.k + 1 if self.speculator and spec.speculate else 0
+        tokens = len(spec.prompt_ids) + spec.max_tokens + spare
         state = RequestState(spec=spec, seq_id=next(self._seq_ids), reserved_pages=self.scheduler.pages_for(tokens))
         self.scheduler.enqueue(state)  # raises ResourceExhausted before anything is kept
         stream = Stream(state, OutputProcessor(state, self.tokenizer.hf))
@@ -94,6 +106,8 @@ class RouterEngine:
 
     def _finish(self, stream: Stream) -> None:
         self.scheduler.release(stream.state)
+        if self.speculator:
+            self.speculator.release(stream.state)
         self._streams.pop(stream.state.seq_id, None)
         self.counters.completion_tokens_total += len(stream.state.output_ids)
         self._wake.set()
@@ -105,16 +119,25 @@ class RouterEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            draft_step = 0
+            if self.speculator:
+                plan, draft_step = await self._speculate(plan)
             try:
-                result = await self._step(plan)
+                result = await self._step(plan, draft_step)
             except TandemError as e:
                 self._fail_running(e)
                 await self._reset_target()  # before any new sequence reaches the target
                 continue
             self._postprocess(plan, result)
 
-    async def _step(self, plan: StepPlan):
-        request = StepRequest(step_id=next(self._step_ids), ops=plan.ops, entries=plan.entries)
+    async def _speculate(self, plan: StepPlan) -> tuple[StepPlan, int]:
+        for state in plan.admitted:
+            self.speculator.admit(state)
+        plan, draft_step = await self.speculator.propose(plan, self._last_step)
+        return self.speculator.mark_hidden(plan), draft_step
+
+    async def _step(self, plan: StepPlan, draft_step: int = 0):
+        request = StepRequest(step_id=next(self._step_ids), ops=plan.ops, entries=plan.entries, draft_step_id=draft_step)
         started = time.perf_counter()
         try:
             response = await self.target.Step(codec.step_request_to_pb(request), timeout=self.config.step_timeout_s)
@@ -124,12 +147,19 @@ class RouterEngine:
         self.counters.steps_total += 1
         self.counters.step_ms_total += (time.perf_counter() - started) * 1e3
         self.counters.target_compute_ms_total += result.compute_ms
+        self._last_step = request.step_id
         return result
 
     def _postprocess(self, plan: StepPlan, result) -> None:
         self.kv_pages_free = result.kv_pages_free
         by_seq = {r.seq_id: r for r in result.results}
-        for state in plan.requests:
+        for entry, state in zip(plan.entries, plan.requests):
+            if entry.num_draft_tokens:
+                state.draft_tokens += entry.num_draft_tokens
+                state.accepted_draft_tokens += by_seq[state.seq_id].num_accepted
+                self.speculator.stats.record(entry.num_draft_tokens, by_seq[state.seq_id].num_accepted)
+            elif entry.kind is EntryKind.DECODE and state.draft_live:
+                self.speculator.stats.record(0, 0)
             stream = self._streams.get(state.seq_id)
             if stream is None or state.finished:
                 continue  # cancelled while the step ran
@@ -149,6 +179,8 @@ class RouterEngine:
         for state in list(self.scheduler.running):
             stream = self._streams.get(state.seq_id)
             state.live = False  # Reset drops it; no remove op needed
+            if self.speculator:
+                self.speculator.release(state)
             if stream:
                 stream.queue.put_nowait(error)
                 state.finish_reason = state.finish_reason or stream.output.cancel().finish_reason

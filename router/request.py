@@ -23,6 +23,7 @@ class GenerationSpec:
     max_tokens: int
     stop: tuple[str, ...] = ()
     stop_token_ids: frozenset[int] = frozenset()  # eos included unless ignore_eos
+    speculate: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,9 @@ class RequestState:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     live: bool = False  # the target holds a sequence for it
+    draft_live: bool = False  # the draft service holds one too: this request speculates
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @property
     def prefill_left(self) -> int:

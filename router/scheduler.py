@@ -33,6 +33,8 @@ class StepPlan:
     entries: tuple[StepEntry, ...]
     # The requests with an entry, in entry order.
     requests: tuple[RequestState, ...]
+    # The requests admitted by this step (their AddSequence ops are in ops).
+    admitted: tuple[RequestState, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -84,15 +86,16 @@ class Scheduler:
         for state in self.running:
             if budget and state.prefill_left:
                 budget -= self._prefill_chunk(state, budget, entries, requests)
-        new_ops = []
+        new_ops, admitted = [], []
         while budget and self.waiting and self._fits(self.waiting[0]):
             state = self.waiting.popleft()
             self.running.append(state)
             self.reserved_pages += state.reserved_pages
             state.live = True
+            admitted.append(state)
             new_ops.append(AddSequence(state.seq_id, state.spec.sampler))
             budget -= self._prefill_chunk(state, budget, entries, requests)
-        return StepPlan(ops + tuple(new_ops), tuple(entries), tuple(requests))
+        return StepPlan(ops + tuple(new_ops), tuple(entries), tuple(requests), tuple(admitted))
 
     def _fits(self, state: RequestState) -> bool:
         return (

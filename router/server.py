@@ -8,6 +8,7 @@ import grpc
 
 from router.config import RouterConfig
 from router.engine import RouterEngine
+from router.speculation import Speculator
 from router.servicer import SERVICE_NAME, GenerationServicer
 from router.tokenizer import Tokenizer
 from tandem import codec
@@ -34,7 +35,12 @@ async def connect_target(config: RouterConfig):
 async def start_router(config: RouterConfig):
     """Starts the router; returns (server, engine, health, channel, bound port)."""
     channel, stub, info = await connect_target(config)
-    engine = RouterEngine(config, Tokenizer(config.model_dir), stub, info)
+    speculator = None
+    if config.draft_address:
+        draft_channel = grpc.aio.insecure_channel(config.draft_address, options=CHANNEL_OPTIONS)
+        speculator = Speculator(draft_channel, config.spec_draft_length, config.draft_timeout_s)
+        await speculator.connect(config.connect_timeout_s)
+    engine = RouterEngine(config, Tokenizer(config.model_dir), stub, info, speculator)
     engine.start()
     server = grpc.aio.server(interceptors=[AioErrorInterceptor()], options=SERVER_OPTIONS)
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)

@@ -4,6 +4,7 @@ import asyncio
 
 from router import convert
 from router.engine import RouterEngine
+from router.speculation import SpecStats
 from tandem.errors import TandemError
 from tandem.v1 import generate_pb2 as pb
 from tandem.v1 import generate_pb2_grpc
@@ -31,9 +32,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                     raise item
                 response = convert.delta_to_pb(spec.request_id, item, engine.tokenizer, want_logprobs)
                 if item.finish_reason is not None:
-                    response.usage.CopyFrom(
-                        convert.usage_to_pb(len(spec.prompt_ids), len(stream.state.output_ids))
-                    )
+                    response.usage.CopyFrom(convert.usage_to_pb(stream.state))
                 yield response
                 if item.finish_reason is not None:
                     return
@@ -54,14 +53,15 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             vocab_size=info.vocab_size,
             max_context_length=info.max_context_length,
             dtype=info.dtype,
-            draft_method="none",
-            spec_draft_length=0,
+            draft_method="eagle" if self.engine.speculator else "none",
+            spec_draft_length=self.engine.speculator.k if self.engine.speculator else 0,
             eos_token_ids=sorted(self.engine.tokenizer.eos_token_ids),
         )
 
     async def Stats(self, request, context):
         e = self.engine
         c = e.counters
+        spec = e.speculator.stats if e.speculator else SpecStats()
         return pb.StatsResponse(
             requests_total=c.requests_total,
             requests_running=len(e.scheduler.running),
@@ -72,8 +72,11 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             kv_pages_total=e.info.kv_pages_total,
             kv_pages_free=e.kv_pages_free,
             sequences_live=sum(1 for s in e.scheduler.running if s.live),
-            mean_accepted_length=1.0,
-            speculation_active=False,
+            draft_tokens_total=spec.draft_tokens,
+            accepted_draft_tokens_total=spec.accepted_tokens,
+            mean_accepted_length=spec.mean_accepted_length,
+            acceptance_by_position=spec.acceptance_by_position(),
+            speculation_active=bool(e.speculator and e.speculator.healthy),
             step_ms_total=c.step_ms_total,
             target_compute_ms_total=c.target_compute_ms_total,
         )

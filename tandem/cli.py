@@ -45,6 +45,10 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=_env("threads", 0), help="torch threads (0: default)")
 
 
+def _add_spec_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec-draft-length", type=int, default=_env("spec_draft_length", 4), help="draft tokens per step (k)")
+
+
 def _add_router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk-size", type=int, default=_env("prefill_chunk_size", 512))
     p.add_argument("--max-waiting", type=int, default=_env("max_waiting", 1024))
@@ -79,7 +83,37 @@ def router_config(args, model: Path):
         prefill_chunk_size=args.prefill_chunk_size,
         max_waiting=args.max_waiting,
         default_max_tokens=args.default_max_tokens,
+        draft_address=args.draft or None,
+        spec_draft_length=args.spec_draft_length,
     )
+
+
+def draft_config(args, model: Path):
+    from draft_service.config import DraftConfig
+
+    if not args.draft_model:
+        raise SystemExit("tandem draft: --draft-model DIR (the draft head checkpoint) is required")
+    return DraftConfig(
+        method=args.method,
+        model_dir=Path(args.draft_model),
+        target_model_dir=model,
+        target_address=args.target,
+        dtype=args.dtype,
+        device=args.device,
+        host=args.host,
+        port=args.port,
+        kv_page_size=args.kv_page_size,
+        kv_cache_tokens=args.kv_cache_tokens,
+        max_num_sequence=args.max_num_sequence,
+        num_threads=args.threads,
+    )
+
+
+def cmd_draft(args) -> int:
+    from draft_service.server import run_draft
+
+    run_draft(draft_config(args, resolve_model(args)))
+    return 0
 
 
 def cmd_target(args) -> int:
@@ -140,10 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=_env("target_port", 50052))
     p.set_defaults(func=cmd_target)
 
+    p = sub.add_parser("draft", help="the draft service (EAGLE head)")
+    _add_model_flags(p)
+    _add_target_flags(p)
+    p.add_argument("--method", default=_env("draft_method", "eagle"), choices=["eagle"])
+    p.add_argument("--draft-model", default=_env("draft_model", None), help="draft head checkpoint folder")
+    p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"), help="target, for the peer stream")
+    p.add_argument("--host", default=_env("draft_host", "0.0.0.0"))
+    p.add_argument("--port", type=int, default=_env("draft_port", 50053))
+    p.set_defaults(func=cmd_draft)
+
     p = sub.add_parser("router", help="the router (public API)")
     _add_model_flags(p)
     _add_router_flags(p)
+    _add_spec_flags(p)
     p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"))
+    p.add_argument("--draft", default=_env("draft_address", ""), help="draft service address (empty: plain decoding)")
     p.add_argument("--host", default=_env("router_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("router_port", 50051))
     p.set_defaults(func=cmd_router)
@@ -152,8 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(p)
     _add_target_flags(p)
     _add_router_flags(p)
-    p.add_argument("--draft", default=_env("draft", "none"), choices=["none"],
-                   help="draft method; eagle and medusa arrive with the draft service")
+    _add_spec_flags(p)
+    p.add_argument("--draft", default=_env("draft", "none"), choices=["none", "eagle"], help="draft method")
+    p.add_argument("--draft-model", default=_env("draft_model", None), help="draft head checkpoint folder")
+    p.add_argument("--draft-port", type=int, default=_env("draft_port", 50053))
     p.add_argument("--host", default=_env("host", "127.0.0.1"))
     p.add_argument("--router-port", type=int, default=_env("router_port", 50051))
     p.add_argument("--target-port", type=int, default=_env("target_port", 50052))

@@ -6,6 +6,9 @@ Both ends of the router <-> model service protocol use these: the one place that
 from tandem.errors import InvalidArgument
 from tandem.ops import (
     AddSequence,
+    DraftRequest,
+    DraftResult,
+    DraftSeq,
     EngineInfo,
     EngineStats,
     EntryKind,
@@ -19,7 +22,9 @@ from tandem.ops import (
     StepRequest,
     StepResult,
 )
+from tandem.peer import DraftProbs, HiddenPairs, HiddenStep
 from tandem.sampling.params import SamplingParams
+from tandem.tensors import tensor_from_pb, tensor_to_pb
 from tandem.v1 import engine_pb2 as pb
 
 # -- sampler config ---------------------------------------------------------------------------
@@ -91,23 +96,30 @@ def op_from_pb(m: pb.SequenceOp) -> SequenceOp:
 
 def step_request_to_pb(r: StepRequest) -> pb.StepRequest:
     entries = [
-        pb.StepEntry(seq_id=e.seq_id, kind=e.kind.value, token_ids=e.token_ids, sample=e.sample)
+        pb.StepEntry(
+            seq_id=e.seq_id, kind=e.kind.value, token_ids=e.token_ids, sample=e.sample,
+            num_draft_tokens=e.num_draft_tokens, emit_hidden=e.emit_hidden,
+        )
         for e in r.entries
     ]
-    return pb.StepRequest(step_id=r.step_id, ops=[op_to_pb(o) for o in r.ops], entries=entries)
+    ops = [op_to_pb(o) for o in r.ops]
+    return pb.StepRequest(step_id=r.step_id, ops=ops, entries=entries, draft_step_id=r.draft_step_id)
 
 
 def step_request_from_pb(m: pb.StepRequest) -> StepRequest:
     entries = tuple(
-        StepEntry(e.seq_id, EntryKind(e.kind), tuple(e.token_ids), e.sample) for e in m.entries
+        StepEntry(e.seq_id, EntryKind(e.kind), tuple(e.token_ids), e.sample, e.num_draft_tokens, e.emit_hidden)
+        for e in m.entries
     )
-    return StepRequest(step_id=m.step_id, ops=tuple(op_from_pb(o) for o in m.ops), entries=entries)
+    ops = tuple(op_from_pb(o) for o in m.ops)
+    return StepRequest(step_id=m.step_id, ops=ops, entries=entries, draft_step_id=m.draft_step_id)
 
 
 def step_result_to_pb(r: StepResult) -> pb.StepResponse:
     results = [
         pb.EntryResult(
             seq_id=e.seq_id,
+            num_accepted=e.num_accepted,
             tokens=[
                 pb.SampledToken(
                     token_id=t.token_id,
@@ -132,6 +144,7 @@ def step_result_from_pb(m: pb.StepResponse) -> StepResult:
                 SampledToken(t.token_id, t.logprob, tuple((x.token_id, x.logprob) for x in t.top))
                 for t in e.tokens
             ),
+            num_accepted=e.num_accepted,
         )
         for e in m.results
     )
@@ -158,3 +171,60 @@ def stats_to_pb(s: EngineStats) -> pb.EngineStats:
 
 def stats_from_pb(m: pb.EngineStats) -> EngineStats:
     return EngineStats(**{f: getattr(m, f) for f in _STATS_FIELDS})
+
+
+# -- drafts -----------------------------------------------------------------------------------
+
+
+def draft_request_to_pb(r: DraftRequest) -> pb.DraftRequest:
+    return pb.DraftRequest(
+        draft_step_id=r.draft_step_id,
+        after_target_step=r.after_target_step,
+        ops=[op_to_pb(o) for o in r.ops],
+        seqs=[pb.DraftSeq(seq_id=s.seq_id, num_tokens=s.num_tokens) for s in r.seqs],
+    )
+
+
+def draft_request_from_pb(m: pb.DraftRequest) -> DraftRequest:
+    return DraftRequest(
+        draft_step_id=m.draft_step_id,
+        after_target_step=m.after_target_step,
+        ops=tuple(op_from_pb(o) for o in m.ops),
+        seqs=tuple(DraftSeq(s.seq_id, s.num_tokens) for s in m.seqs),
+    )
+
+
+def draft_result_to_pb(r: DraftResult) -> pb.DraftResponse:
+    seqs = [pb.DraftTokens(seq_id=s, token_ids=t) for s, t in r.tokens.items()]
+    return pb.DraftResponse(draft_step_id=r.draft_step_id, seqs=seqs, compute_ms=r.compute_ms)
+
+
+def draft_result_from_pb(m: pb.DraftResponse) -> DraftResult:
+    return DraftResult(m.draft_step_id, {s.seq_id: tuple(s.token_ids) for s in m.seqs}, m.compute_ms)
+
+
+# -- the peer stream --------------------------------------------------------------------------
+
+
+def hidden_step_to_pb(h: HiddenStep) -> pb.TargetToDraft:
+    seqs = [
+        pb.SeqHidden(seq_id=p.seq_id, start=p.start, tokens=p.tokens, hidden=tensor_to_pb(p.hidden))
+        for p in h.seqs
+    ]
+    return pb.TargetToDraft(step_id=h.step_id, seqs=seqs)
+
+
+def hidden_step_from_pb(m: pb.TargetToDraft, device="cpu") -> HiddenStep:
+    seqs = tuple(
+        HiddenPairs(s.seq_id, s.start, tuple(s.tokens), tensor_from_pb(s.hidden, device)) for s in m.seqs
+    )
+    return HiddenStep(m.step_id, seqs)
+
+
+def draft_probs_to_pb(d: DraftProbs) -> pb.DraftToTarget:
+    seqs = [pb.SeqDraftProbs(seq_id=s, probs=tensor_to_pb(p)) for s, p in d.probs.items()]
+    return pb.DraftToTarget(draft_step_id=d.draft_step_id, seqs=seqs)
+
+
+def draft_probs_from_pb(m: pb.DraftToTarget, device="cpu") -> DraftProbs:
+    return DraftProbs(m.draft_step_id, {s.seq_id: tensor_from_pb(s.probs, device) for s in m.seqs})

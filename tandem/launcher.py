@@ -26,7 +26,7 @@ def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = R
     raise RuntimeError(f"{address} not SERVING after {timeout:.0f} s")
 
 
-def service_args(args, model: Path) -> tuple[list[str], list[str]]:
+def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | None]:
     common = ["--model", str(model), "--dtype", args.dtype]
     target = [
         "target", *common,
@@ -45,12 +45,23 @@ def service_args(args, model: Path) -> tuple[list[str], list[str]]:
         "--prefill-chunk-size", str(args.prefill_chunk_size),
         "--max-waiting", str(args.max_waiting),
         "--default-max-tokens", str(args.default_max_tokens),
+        "--spec-draft-length", str(args.spec_draft_length),
     ]
-    return target, router
+    draft = None
+    if args.draft != "none":
+        if not args.draft_model:
+            raise SystemExit(f"tandem up --draft {args.draft}: --draft-model DIR is required")
+        draft = [
+            "draft", *common, "--method", args.draft, "--draft-model", str(args.draft_model),
+            "--host", args.host, "--port", str(args.draft_port), "--device", args.device,
+            "--target", f"{args.host}:{args.target_port}", "--threads", str(args.threads),
+        ]
+        router += ["--draft", f"{args.host}:{args.draft_port}"]
+    return target, router, draft
 
 
 def run_up(args, model: Path) -> int:
-    target_args, router_args = service_args(args, model)
+    target_args, router_args, draft_args = service_args(args, model)
     procs: list[subprocess.Popen] = []
     stopping = False
 
@@ -63,6 +74,9 @@ def run_up(args, model: Path) -> int:
     try:
         procs.append(_spawn(target_args))
         wait_healthy(f"{args.host}:{args.target_port}", procs)
+        if draft_args:
+            procs.append(_spawn(draft_args))
+            wait_healthy(f"{args.host}:{args.draft_port}", procs)
         procs.append(_spawn(router_args))
         wait_healthy(f"{args.host}:{args.router_port}", procs)
         print(f"tandem up: router on {args.host}:{args.router_port} (draft: {args.draft})", flush=True)

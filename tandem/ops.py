@@ -50,6 +50,8 @@ class StepEntry:
     kind: EntryKind
     token_ids: tuple[int, ...]
     sample: bool  # false for a prefill chunk with prompt left
+    num_draft_tokens: int = 0  # DECODE: the trailing token_ids that are drafts to verify
+    emit_hidden: bool = False  # stream accepted positions' hidden states to the draft peer
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,7 @@ class StepRequest:
     step_id: int
     ops: tuple[SequenceOp, ...] = ()
     entries: tuple[StepEntry, ...] = ()
+    draft_step_id: int = 0  # whose draft probabilities the sampled drafts came from
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class SampledToken:
 class EntryResult:
     seq_id: int
     tokens: tuple[SampledToken, ...]
+    num_accepted: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,3 +105,24 @@ class EngineStats:
     steps_total: int = 0
     tokens_total: int = 0
     extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftSeq:
+    seq_id: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class DraftRequest:
+    draft_step_id: int
+    after_target_step: int
+    ops: tuple[SequenceOp, ...] = ()
+    seqs: tuple[DraftSeq, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DraftResult:
+    draft_step_id: int
+    tokens: dict  # seq_id -> tuple of draft token ids (empty: no draft for that sequence)
+    compute_ms: float = 0.0

@@ -20,6 +20,9 @@ class TargetConfig:
     # 0: the model's max_position_embeddings.
     max_context_length: int = 0
     num_threads: int = 0  # 0: torch's default
+    # How long a verify step waits for the draft's probabilities before verifying without them
+    # (which accepts no sampled draft: a plain step, still lossless).
+    draft_probs_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.kv_page_size <= 0:

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import torch
 
-from tandem.attention.base import SequenceSlice
 from tandem.attention.torch_backend import TorchAttention
 from tandem.errors import InvalidArgument, ResourceExhausted
+from tandem.kv.batching import append_batch
 from tandem.kv.cache import PagedKVCache
 from tandem.models.llama import ForwardBatch
 from tandem.models.loader import load_model, parse_dtype
@@ -33,7 +33,9 @@ from tandem.ops import (
 )
 from tandem.sampling.params import SamplingParams
 from tandem.sampling.sampler import sample
+from tandem.peer import HiddenPairs, HiddenStep, TargetPeer
 from tandem.sampling.state import SamplingState
+from tandem.sampling.verify import verify_chain
 from target_service.config import TargetConfig
 
 
@@ -61,7 +63,9 @@ class TargetEngine:
             dtype=self.model.dtype,
             device=self.device,
         )
+        self.peer = TargetPeer()
         self._samplers: dict[int, SamplingState] = {}
+        self._carry: dict[int, torch.Tensor] = {}  # hidden of a chunk's last position, awaiting its next token
         self._tokens: dict[int, list[int]] = {}  # every token in each sequence's KV, in order
         self._lock = threading.Lock()
         self._steps = 0
@@ -99,6 +103,7 @@ class TargetEngine:
             self.allocator.clear()
             self._samplers.clear()
             self._tokens.clear()
+            self._carry.clear()
         return self.stats()
 
     def step(self, request: StepRequest) -> StepResult:
@@ -106,7 +111,9 @@ class TargetEngine:
             started = time.perf_counter()
             for op in request.ops:
                 self._apply(op)
-            results = self._run(request.entries) if request.entries else ()
+            results = self._run(request) if request.entries else ()
+            if not request.entries:
+                self.peer.send(HiddenStep(request.step_id, ()))
             self._steps += 1
             return StepResult(
                 step_id=request.step_id,
@@ -135,6 +142,7 @@ class TargetEngine:
         elif isinstance(op, RemoveSequence):
             self.allocator.remove(op.seq_id)
             del self._samplers[op.seq_id], self._tokens[op.seq_id]
+            self._carry.pop(op.seq_id, None)
         else:
             raise InvalidArgument(f"unknown sequence op {op!r}")
 
@@ -157,6 +165,11 @@ class TargetEngine:
             seen.add(e.seq_id)
             if not e.token_ids:
                 raise InvalidArgument(f"entry of sequence {e.seq_id} has no tokens")
+            if e.num_draft_tokens and (e.kind is not EntryKind.DECODE or not e.sample or e.num_draft_tokens >= len(e.token_ids)):
+                raise InvalidArgument(
+                    f"entry of sequence {e.seq_id}: {e.num_draft_tokens} draft tokens need a sampling DECODE"
+                    f" entry with more tokens than drafts ({len(e.token_ids)})"
+                )
             bad = [t for t in e.token_ids if not 0 <= t < vocab]
             if bad:
                 raise InvalidArgument(f"token ids {bad[:5]} outside the vocabulary [0, {vocab})")
@@ -169,42 +182,83 @@ class TargetEngine:
         if pages > self.allocator.num_free_pages:
             raise ResourceExhausted(f"KV cache full: step needs {pages} pages, {self.allocator.num_free_pages} free")
 
-    def _run(self, entries: Sequence[StepEntry]) -> tuple[EntryResult, ...]:
+    def _run(self, request: StepRequest) -> tuple[EntryResult, ...]:
+        entries = request.entries
         self._validate(entries)
-        batch, last_rows = self._prepare(entries)
+        batch, first_rows = self._prepare(entries)
         hidden = self.model.forward(batch, self.cache)
-        sampled = [e for e in entries if e.sample]
-        results = {e.seq_id: () for e in entries}
-        if sampled:
-            rows = torch.tensor([last_rows[e.seq_id] for e in sampled], device=self.device)
-            logits = self.model.logits(hidden[rows])
-            for e, token in zip(sampled, self._sample(logits, [e.seq_id for e in sampled])):
-                results[e.seq_id] = (token,)
         self._tokens_run += int(batch.input_ids.numel())
-        return tuple(EntryResult(seq_id=e.seq_id, tokens=results[e.seq_id]) for e in entries)
+        scored = [e for e in entries if e.sample]
+        rows = [first_rows[e.seq_id] + len(e.token_ids) - 1 - i for e in scored for i in range(e.num_draft_tokens, -1, -1)]
+        logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
+        starts = rows_of(scored)
+        results = {}
+        plain = [e for e in scored if e.num_draft_tokens == 0]
+        if plain:
+            plain_rows = torch.tensor([starts[e.seq_id] for e in plain], device=self.device)
+            sampled = self._sample(logits[plain_rows], [e.seq_id for e in plain])
+            results.update({e.seq_id: EntryResult(e.seq_id, (t,)) for e, t in zip(plain, sampled)})
+        drafted = [e for e in scored if e.num_draft_tokens]
+        results.update(self._verify(drafted, logits, starts, request.draft_step_id))
+        for e in entries:
+            results.setdefault(e.seq_id, EntryResult(e.seq_id, ()))
+        self._emit_hidden(request.step_id, entries, hidden, first_rows, results)
+        return tuple(results[e.seq_id] for e in entries)
+
+    def _verify(self, entries, logits, row_starts: dict[int, int], draft_step_id: int) -> dict[int, EntryResult]:
+        """Accepts a prefix of each entry's drafts; keeps only the accepted tokens' KV."""
+        if not entries:
+            return {}
+        need_probs = any(not self._samplers[e.seq_id].params.greedy for e in entries)
+        probs = (self.peer.take_probs(draft_step_id, self.config.draft_probs_timeout_s) or {}) if need_probs else {}
+        out = {}
+        for e in entries:
+            k = e.num_draft_tokens
+            start = row_starts[e.seq_id]
+            q = probs.get(e.seq_id)
+            q = q if q is not None and q.shape[0] == k else None
+            result = verify_chain(logits[start : start + k + 1], e.token_ids[-k:], q, self._samplers[e.seq_id])
+            rejected = k - result.num_accepted
+            if rejected:
+                self.allocator.pop(e.seq_id, rejected)
+                del self._tokens[e.seq_id][-rejected:]
+            tokens = tuple(SampledToken(t.token_id, t.logprob, t.top) for t in result.tokens)
+            out[e.seq_id] = EntryResult(e.seq_id, tokens, result.num_accepted)
+        return out
+
+    def _emit_hidden(self, step_id: int, entries, hidden, first_rows, results) -> None:
+        """Streams (hidden state, next token) pairs of every accepted position to the draft.
+        A chunk's last position waits for its next token (the next chunk's first) in a carry."""
+        if not self.peer.connected:
+            return
+        pairs = []
+        for e in entries:
+            if not e.emit_hidden:
+                continue
+            emitted = results[e.seq_id].tokens
+            kept = len(e.token_ids) - e.num_draft_tokens + results[e.seq_id].num_accepted
+            start = self.allocator.length(e.seq_id) - kept
+            rows = hidden[first_rows[e.seq_id] : first_rows[e.seq_id] + kept]
+            tokens = list(e.token_ids[1:kept]) + [t.token_id for t in emitted[-1:]]
+            carry = self._carry.pop(e.seq_id, None)
+            if carry is not None:
+                rows, start = torch.cat((carry[None], rows)), start - 1
+                tokens.insert(0, e.token_ids[0])
+            if not emitted:
+                self._carry[e.seq_id] = rows[-1].clone()
+                rows = rows[:-1]
+            if tokens:
+                pairs.append(HiddenPairs(e.seq_id, start, tuple(tokens), rows.clone()))
+        self.peer.send(HiddenStep(step_id, tuple(pairs)))
 
     def _prepare(self, entries: Sequence[StepEntry]) -> tuple[ForwardBatch, dict[int, int]]:
-        ids, positions, slots, slices, last_rows = [], [], [], [], {}
+        """Appends every entry's tokens; returns the batch and each entry's first packed row."""
         for e in entries:
-            cached = self.allocator.length(e.seq_id)
-            new_slots, copies = self.allocator.append(e.seq_id, len(e.token_ids))
-            self.cache.apply_copies(copies)
             self._tokens[e.seq_id].extend(e.token_ids)
             if e.kind is EntryKind.PREFILL:
                 self._samplers[e.seq_id].observe_prompt(e.token_ids)
-            ids.extend(e.token_ids)
-            positions.extend(range(cached, cached + len(e.token_ids)))
-            slots.extend(new_slots)
-            slices.append(SequenceSlice(cached, len(e.token_ids), self.allocator.slots(e.seq_id)))
-            last_rows[e.seq_id] = len(ids) - 1
-        dev = self.device
-        batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            plan=self.model.backend.plan(slices, self.model.config.sliding_window),
-        )
-        return batch, last_rows
+        items = [(e.seq_id, e.token_ids) for e in entries]
+        return append_batch(self.cache, self.model.backend, items, self.model.config.sliding_window, self.device)
 
     def _sample(self, logits: torch.Tensor, seq_ids: list[int]) -> list[SampledToken]:
         states = [self._samplers[s] for s in seq_ids]
@@ -214,3 +268,12 @@ class TargetEngine:
             state.observe_output(out.token_ids[i])
             tokens.append(SampledToken(out.token_ids[i], out.logprobs[i], tuple(out.top_logprobs[i])))
         return tokens
+
+
+def rows_of(scored: Sequence[StepEntry]) -> dict[int, int]:
+    """Where each scored entry's logits rows start: entries take num_draft_tokens + 1 rows each."""
+    starts, offset = {}, 0
+    for e in scored:
+        starts[e.seq_id] = offset
+        offset += e.num_draft_tokens + 1
+    return starts

@@ -1,6 +1,13 @@
 """The TargetEngine gRPC servicer: protobuf in, engine call, protobuf out. Nothing else."""
 
+import logging
+import queue
+import threading
+
+import grpc
+
 from tandem import codec
+from tandem.peer import TargetPeer
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 from target_service.engine import TargetEngine
 
@@ -21,6 +28,35 @@ class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
 
     def Reset(self, request, context):
         return codec.stats_to_pb(self.engine.reset())
+
+    def Peer(self, request_iterator, context):
+        """The draft's stream: hidden states out, draft probabilities in (on a reader thread)."""
+        peer = self.engine.peer
+        out = peer.attach()
+        logging.getLogger(__name__).info("target: draft peer connected")
+        threading.Thread(target=_read_probs, args=(peer, request_iterator, out), daemon=True).start()
+        try:
+            while context.is_active():
+                try:
+                    item = out.get(timeout=1.0)
+                except queue.Empty:
+                    continue
+                if item is TargetPeer.CLOSED:
+                    return
+                yield codec.hidden_step_to_pb(item)
+        finally:
+            peer.detach(out)
+
+
+def _read_probs(peer: TargetPeer, request_iterator, out: queue.Queue) -> None:
+    try:
+        for message in request_iterator:
+            peer.put_probs(codec.draft_probs_from_pb(message))
+    except grpc.RpcError:
+        pass
+    finally:
+        peer.detach(out)
+        out.put(TargetPeer.CLOSED)
 
 
 SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["TargetEngine"].full_name

@@ -72,9 +72,6 @@ class LlamaModel:
         self.rope_cos = rope_cos.to(self.dtype)
         self.rope_sin = signed_sin(rope_sin).to(self.dtype)
         self.backend = backend
-        self.scale = config.head_dim**-0.5
-        c = config
-        self._qk_width = (c.num_heads + c.num_kv_heads) * c.head_dim
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
@@ -83,9 +80,11 @@ class LlamaModel:
         h = F.embedding(batch.input_ids, w.embed)
         cos = self.rope_cos[batch.positions]
         sin = self.rope_sin[batch.positions]
+        eps = self.config.rms_norm_eps
         for index, layer in enumerate(w.layers):
-            h = h + self._attention(index, layer, rms_norm(h, layer.input_norm, self.config.rms_norm_eps), cos, sin, batch, cache)
-            h = h + self._mlp(layer, rms_norm(h, layer.post_norm, self.config.rms_norm_eps))
+            x = rms_norm(h, layer.input_norm, eps)
+            h = h + attention_block(self.config, index, layer, x, cos, sin, batch, cache, self.backend)
+            h = h + mlp_block(layer, rms_norm(h, layer.post_norm, eps))
         return rms_norm(h, w.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()
@@ -93,17 +92,22 @@ class LlamaModel:
         """hidden [S, D] (final-norm) -> logits [S, V] in fp32."""
         return (hidden @ self.weights.lm_head).float()
 
-    def _attention(self, index, layer: LayerWeights, x, cos, sin, batch: ForwardBatch, cache):
-        c = self.config
-        tokens = x.shape[0]
-        qkv = x @ layer.qkv if layer.qkv_bias is None else torch.addmm(layer.qkv_bias, x, layer.qkv)
-        # Rotary on q and k at once: they are adjacent columns of the fused projection.
-        qk = apply_rope(qkv[:, : self._qk_width].view(tokens, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
-        q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
-        v = qkv[:, self._qk_width :].view(tokens, c.num_kv_heads, c.head_dim)
-        out = self.backend.forward(index, q, k, v, cache, batch.slot_mapping, batch.plan, self.scale)
-        return out.reshape(tokens, c.num_heads * c.head_dim) @ layer.o
 
-    def _mlp(self, layer: LayerWeights, x):
-        gate, up = (x @ layer.gate_up).chunk(2, dim=-1)
-        return (F.silu(gate) * up) @ layer.down
+def attention_block(config: ModelConfig, index: int, layer: LayerWeights, x, cos, sin, batch: ForwardBatch,
+                    cache: PagedKVCache, backend: AttentionBackend) -> torch.Tensor:
+    """Self-attention of one decoder layer over x [T, D] (already normed); KV layer `index`."""
+    c = config
+    tokens = x.shape[0]
+    qkv = x @ layer.qkv if layer.qkv_bias is None else torch.addmm(layer.qkv_bias, x, layer.qkv)
+    # Rotary on q and k at once: they are adjacent columns of the fused projection.
+    qk_width = (c.num_heads + c.num_kv_heads) * c.head_dim
+    qk = apply_rope(qkv[:, :qk_width].view(tokens, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
+    q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
+    v = qkv[:, qk_width:].view(tokens, c.num_kv_heads, c.head_dim)
+    out = backend.forward(index, q, k, v, cache, batch.slot_mapping, batch.plan, c.head_dim**-0.5)
+    return out.reshape(tokens, c.num_heads * c.head_dim) @ layer.o
+
+
+def mlp_block(layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+    gate, up = (x @ layer.gate_up).chunk(2, dim=-1)
+    return (F.silu(gate) * up) @ layer.down

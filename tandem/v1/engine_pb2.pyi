@@ -7,6 +7,104 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Tensor(_message.Message):
+    __slots__ = ("dtype", "shape", "data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class SeqHidden(_message.Message):
+    __slots__ = ("seq_id", "start", "tokens", "hidden")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    start: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    hidden: Tensor
+    def __init__(self, seq_id: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class TargetToDraft(_message.Message):
+    __slots__ = ("step_id", "seqs")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    seqs: _containers.RepeatedCompositeFieldContainer[SeqHidden]
+    def __init__(self, step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqHidden, _Mapping]]] = ...) -> None: ...
+
+class SeqDraftProbs(_message.Message):
+    __slots__ = ("seq_id", "probs")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    probs: Tensor
+    def __init__(self, seq_id: _Optional[int] = ..., probs: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+
+class DraftToTarget(_message.Message):
+    __slots__ = ("draft_step_id", "seqs")
+    DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    draft_step_id: int
+    seqs: _containers.RepeatedCompositeFieldContainer[SeqDraftProbs]
+    def __init__(self, draft_step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqDraftProbs, _Mapping]]] = ...) -> None: ...
+
+class DraftInfo(_message.Message):
+    __slots__ = ("method", "model", "hidden_size", "vocab_size", "dtype")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    model: str
+    hidden_size: int
+    vocab_size: int
+    dtype: str
+    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class DraftSeq(_message.Message):
+    __slots__ = ("seq_id", "num_tokens")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    num_tokens: int
+    def __init__(self, seq_id: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class DraftRequest(_message.Message):
+    __slots__ = ("draft_step_id", "after_target_step", "ops", "seqs")
+    DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_TARGET_STEP_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    draft_step_id: int
+    after_target_step: int
+    ops: _containers.RepeatedCompositeFieldContainer[SequenceOp]
+    seqs: _containers.RepeatedCompositeFieldContainer[DraftSeq]
+    def __init__(self, draft_step_id: _Optional[int] = ..., after_target_step: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[SequenceOp, _Mapping]]] = ..., seqs: _Optional[_Iterable[_Union[DraftSeq, _Mapping]]] = ...) -> None: ...
+
+class DraftTokens(_message.Message):
+    __slots__ = ("seq_id", "token_ids")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DraftResponse(_message.Message):
+    __slots__ = ("draft_step_id", "seqs", "compute_ms")
+    DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    draft_step_id: int
+    seqs: _containers.RepeatedCompositeFieldContainer[DraftTokens]
+    compute_ms: float
+    def __init__(self, draft_step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[DraftTokens, _Mapping]]] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+
 class InfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -113,7 +211,7 @@ class SequenceOp(_message.Message):
     def __init__(self, add: _Optional[_Union[AddSequence, _Mapping]] = ..., fork: _Optional[_Union[ForkSequence, _Mapping]] = ..., pop: _Optional[_Union[PopTokens, _Mapping]] = ..., remove: _Optional[_Union[RemoveSequence, _Mapping]] = ...) -> None: ...
 
 class StepEntry(_message.Message):
-    __slots__ = ("seq_id", "kind", "token_ids", "sample")
+    __slots__ = ("seq_id", "kind", "token_ids", "sample", "num_draft_tokens", "emit_hidden")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         PREFILL: _ClassVar[StepEntry.Kind]
@@ -124,21 +222,27 @@ class StepEntry(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EMIT_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     kind: StepEntry.Kind
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sample: bool
-    def __init__(self, seq_id: _Optional[int] = ..., kind: _Optional[_Union[StepEntry.Kind, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ...) -> None: ...
+    num_draft_tokens: int
+    emit_hidden: bool
+    def __init__(self, seq_id: _Optional[int] = ..., kind: _Optional[_Union[StepEntry.Kind, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., num_draft_tokens: _Optional[int] = ..., emit_hidden: _Optional[bool] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("step_id", "ops", "entries")
+    __slots__ = ("step_id", "ops", "entries", "draft_step_id")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     ops: _containers.RepeatedCompositeFieldContainer[SequenceOp]
     entries: _containers.RepeatedCompositeFieldContainer[StepEntry]
-    def __init__(self, step_id: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[SequenceOp, _Mapping]]] = ..., entries: _Optional[_Iterable[_Union[StepEntry, _Mapping]]] = ...) -> None: ...
+    draft_step_id: int
+    def __init__(self, step_id: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[SequenceOp, _Mapping]]] = ..., entries: _Optional[_Iterable[_Union[StepEntry, _Mapping]]] = ..., draft_step_id: _Optional[int] = ...) -> None: ...
 
 class SampledTop(_message.Message):
     __slots__ = ("token_id", "logprob")
@@ -159,12 +263,14 @@ class SampledToken(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[SampledTop, _Mapping]]] = ...) -> None: ...
 
 class EntryResult(_message.Message):
-    __slots__ = ("seq_id", "tokens")
+    __slots__ = ("seq_id", "tokens", "num_accepted")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     tokens: _containers.RepeatedCompositeFieldContainer[SampledToken]
-    def __init__(self, seq_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ...) -> None: ...
+    num_accepted: int
+    def __init__(self, seq_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., num_accepted: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
     __slots__ = ("step_id", "results", "kv_pages_free", "compute_ms")

@@ -54,6 +54,11 @@ class TargetEngineStub:
                 request_serializer=tandem_dot_v1_dot_engine__pb2.ResetRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_engine__pb2.EngineStats.FromString,
                 _registered_method=True)
+        self.Peer = channel.stream_stream(
+                '/tandem.v1.TargetEngine/Peer',
+                request_serializer=tandem_dot_v1_dot_engine__pb2.DraftToTarget.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_engine__pb2.TargetToDraft.FromString,
+                _registered_method=True)
 
 
 class TargetEngineServicer:
@@ -85,6 +90,14 @@ class TargetEngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Peer(self, request_iterator, context):
+        """The peer stream, opened by the draft service: hidden states flow to the draft, draft
+        probabilities to the target. The router never carries these tensors.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TargetEngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -107,6 +120,11 @@ def add_TargetEngineServicer_to_server(servicer, server):
                     servicer.Reset,
                     request_deserializer=tandem_dot_v1_dot_engine__pb2.ResetRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_engine__pb2.EngineStats.SerializeToString,
+            ),
+            'Peer': grpc.stream_stream_rpc_method_handler(
+                    servicer.Peer,
+                    request_deserializer=tandem_dot_v1_dot_engine__pb2.DraftToTarget.FromString,
+                    response_serializer=tandem_dot_v1_dot_engine__pb2.TargetToDraft.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +233,236 @@ class TargetEngine:
             request,
             target,
             '/tandem.v1.TargetEngine/Reset',
+            tandem_dot_v1_dot_engine__pb2.ResetRequest.SerializeToString,
+            tandem_dot_v1_dot_engine__pb2.EngineStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Peer(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tandem.v1.TargetEngine/Peer',
+            tandem_dot_v1_dot_engine__pb2.DraftToTarget.SerializeToString,
+            tandem_dot_v1_dot_engine__pb2.TargetToDraft.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class DraftEngineStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Info = channel.unary_unary(
+                '/tandem.v1.DraftEngine/Info',
+                request_serializer=tandem_dot_v1_dot_engine__pb2.InfoRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_engine__pb2.DraftInfo.FromString,
+                _registered_method=True)
+        self.Draft = channel.unary_unary(
+                '/tandem.v1.DraftEngine/Draft',
+                request_serializer=tandem_dot_v1_dot_engine__pb2.DraftRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_engine__pb2.DraftResponse.FromString,
+                _registered_method=True)
+        self.Stats = channel.unary_unary(
+                '/tandem.v1.DraftEngine/Stats',
+                request_serializer=tandem_dot_v1_dot_engine__pb2.EngineStatsRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_engine__pb2.EngineStats.FromString,
+                _registered_method=True)
+        self.Reset = channel.unary_unary(
+                '/tandem.v1.DraftEngine/Reset',
+                request_serializer=tandem_dot_v1_dot_engine__pb2.ResetRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_engine__pb2.EngineStats.FromString,
+                _registered_method=True)
+
+
+class DraftEngineServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Info(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Draft(self, request, context):
+        """Ops first, then k draft tokens for each listed sequence, after absorbing the hidden states
+        of every target step up to after_target_step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Stats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reset(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_DraftEngineServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Info': grpc.unary_unary_rpc_method_handler(
+                    servicer.Info,
+                    request_deserializer=tandem_dot_v1_dot_engine__pb2.InfoRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_engine__pb2.DraftInfo.SerializeToString,
+            ),
+            'Draft': grpc.unary_unary_rpc_method_handler(
+                    servicer.Draft,
+                    request_deserializer=tandem_dot_v1_dot_engine__pb2.DraftRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_engine__pb2.DraftResponse.SerializeToString,
+            ),
+            'Stats': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stats,
+                    request_deserializer=tandem_dot_v1_dot_engine__pb2.EngineStatsRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_engine__pb2.EngineStats.SerializeToString,
+            ),
+            'Reset': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reset,
+                    request_deserializer=tandem_dot_v1_dot_engine__pb2.ResetRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_engine__pb2.EngineStats.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tandem.v1.DraftEngine', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tandem.v1.DraftEngine', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class DraftEngine:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Info(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.DraftEngine/Info',
+            tandem_dot_v1_dot_engine__pb2.InfoRequest.SerializeToString,
+            tandem_dot_v1_dot_engine__pb2.DraftInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Draft(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.DraftEngine/Draft',
+            tandem_dot_v1_dot_engine__pb2.DraftRequest.SerializeToString,
+            tandem_dot_v1_dot_engine__pb2.DraftResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.DraftEngine/Stats',
+            tandem_dot_v1_dot_engine__pb2.EngineStatsRequest.SerializeToString,
+            tandem_dot_v1_dot_engine__pb2.EngineStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.DraftEngine/Reset',
             tandem_dot_v1_dot_engine__pb2.ResetRequest.SerializeToString,
             tandem_dot_v1_dot_engine__pb2.EngineStats.FromString,
             options,

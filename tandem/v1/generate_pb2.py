@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tandem/v1/generate.proto\x12\ttandem.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x9d\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12(\n\x08messages\x18\x03 \x03(\x0b\x32\x16.tandem.v1.ChatMessage\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12)\n\x06params\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\"\x8f\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x03\x88\x01\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12<\n\nlogit_bias\x18\t \x03(\x0b\x32(.tandem.v1.SamplingParams.LogitBiasEntry\x12\x11\n\x04seed\x18\n \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\x0e\n\x01n\x18\x0e \x01(\rH\x05\x88\x01\x01\x12\x10\n\x08logprobs\x18\x0f \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x10 \x01(\r\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\x04\n\x02_n\"=\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\"U\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.tandem.v1.TopLogprob\"z\n\x06\x43hoice\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\"\x8c\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x01(\r\x12\x1d\n\x15\x61\x63\x63\x65pted_draft_tokens\x18\x05 \x01(\r\"k\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\"\n\x07\x63hoices\x18\x02 \x03(\x0b\x32\x11.tandem.v1.Choice\x12\x1f\n\x05usage\x18\x03 \x01(\x0b\x32\x10.tandem.v1.Usage\"K\n\x0fTokenizeRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.tandem.v1.ChatMessage\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x12\n\x10ModelInfoRequest\"\xa9\x01\n\x11ModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x1a\n\x12max_context_length\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x14\n\x0c\x64raft_method\x18\x05 \x01(\t\x12\x19\n\x11spec_draft_length\x18\x06 \x01(\r\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\"\x0e\n\x0cStatsRequest\"\xc8\x03\n\rStatsResponse\x12\x16\n\x0erequests_total\x18\x01 \x01(\x04\x12\x18\n\x10requests_running\x18\x02 \x01(\x04\x12\x18\n\x10requests_waiting\x18\x03 \x01(\x04\x12\x1b\n\x13prompt_tokens_total\x18\x04 \x01(\x04\x12\x1f\n\x17\x63ompletion_tokens_total\x18\x05 \x01(\x04\x12\x13\n\x0bsteps_total\x18\x06 \x01(\x04\x12\x16\n\x0ekv_pages_total\x18\x07 \x01(\r\x12\x15\n\rkv_pages_free\x18\x08 \x01(\r\x12\x16\n\x0esequences_live\x18\t \x01(\r\x12\x1a\n\x12\x64raft_tokens_total\x18\n \x01(\x04\x12#\n\x1b\x61\x63\x63\x65pted_draft_tokens_total\x18\x0b \x01(\x04\x12\x1c\n\x14mean_accepted_length\x18\x0c \x01(\x01\x12\x1e\n\x16\x61\x63\x63\x65ptance_by_position\x18\r \x03(\x01\x12\x1a\n\x12speculation_active\x18\x0e \x01(\x08\x12\x15\n\rstep_ms_total\x18\x0f \x01(\x01\x12\x1f\n\x17target_compute_ms_total\x18\x10 \x01(\x01\x32\x9c\x02\n\nGeneration\x12\x45\n\x08Generate\x12\x1a.tandem.v1.GenerateRequest\x1a\x1b.tandem.v1.GenerateResponse0\x01\x12\x43\n\x08Tokenize\x12\x1a.tandem.v1.TokenizeRequest\x1a\x1b.tandem.v1.TokenizeResponse\x12\x46\n\tModelInfo\x12\x1b.tandem.v1.ModelInfoRequest\x1a\x1c.tandem.v1.ModelInfoResponse\x12:\n\x05Stats\x12\x17.tandem.v1.StatsRequest\x1a\x18.tandem.v1.StatsResponseBI\n\rdev.tandem.v1Z8github.com/tandem-serve/tandem/gen/go/tandem/v1;tandemv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tandem/v1/generate.proto\x12\ttandem.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x9d\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12(\n\x08messages\x18\x03 \x03(\x0b\x32\x16.tandem.v1.ChatMessage\x12\x11\n\ttoken_ids\x18\x04 \x03(\x05\x12)\n\x06params\x18\x05 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\"\xb5\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\r\n\x05min_p\x18\x05 \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x03\x88\x01\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x18\n\x10presence_penalty\x18\x08 \x01(\x02\x12<\n\nlogit_bias\x18\t \x03(\x0b\x32(.tandem.v1.SamplingParams.LogitBiasEntry\x12\x11\n\x04seed\x18\n \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0c \x03(\x05\x12\x12\n\nignore_eos\x18\r \x01(\x08\x12\x0e\n\x01n\x18\x0e \x01(\rH\x05\x88\x01\x01\x12\x10\n\x08logprobs\x18\x0f \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x10 \x01(\r\x12\x16\n\tspeculate\x18\x11 \x01(\x08H\x06\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\x04\n\x02_nB\x0c\n\n_speculate\"=\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\"U\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\"\n\x03top\x18\x03 \x03(\x0b\x32\x15.tandem.v1.TopLogprob\"z\n\x06\x43hoice\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12)\n\x08logprobs\x18\x04 \x03(\x0b\x32\x17.tandem.v1.TokenLogprob\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\"\x8c\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x03 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x04 \x01(\r\x12\x1d\n\x15\x61\x63\x63\x65pted_draft_tokens\x18\x05 \x01(\r\"k\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\"\n\x07\x63hoices\x18\x02 \x03(\x0b\x32\x11.tandem.v1.Choice\x12\x1f\n\x05usage\x18\x03 \x01(\x0b\x32\x10.tandem.v1.Usage\"K\n\x0fTokenizeRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12(\n\x08messages\x18\x02 \x03(\x0b\x32\x16.tandem.v1.ChatMessage\"%\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x12\n\x10ModelInfoRequest\"\xa9\x01\n\x11ModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x1a\n\x12max_context_length\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x14\n\x0c\x64raft_method\x18\x05 \x01(\t\x12\x19\n\x11spec_draft_length\x18\x06 \x01(\r\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\"\x0e\n\x0cStatsRequest\"\xc8\x03\n\rStatsResponse\x12\x16\n\x0erequests_total\x18\x01 \x01(\x04\x12\x18\n\x10requests_running\x18\x02 \x01(\x04\x12\x18\n\x10requests_waiting\x18\x03 \x01(\x04\x12\x1b\n\x13prompt_tokens_total\x18\x04 \x01(\x04\x12\x1f\n\x17\x63ompletion_tokens_total\x18\x05 \x01(\x04\x12\x13\n\x0bsteps_total\x18\x06 \x01(\x04\x12\x16\n\x0ekv_pages_total\x18\x07 \x01(\r\x12\x15\n\rkv_pages_free\x18\x08 \x01(\r\x12\x16\n\x0esequences_live\x18\t \x01(\r\x12\x1a\n\x12\x64raft_tokens_total\x18\n \x01(\x04\x12#\n\x1b\x61\x63\x63\x65pted_draft_tokens_total\x18\x0b \x01(\x04\x12\x1c\n\x14mean_accepted_length\x18\x0c \x01(\x01\x12\x1e\n\x16\x61\x63\x63\x65ptance_by_position\x18\r \x03(\x01\x12\x1a\n\x12speculation_active\x18\x0e \x01(\x08\x12\x15\n\rstep_ms_total\x18\x0f \x01(\x01\x12\x1f\n\x17target_compute_ms_total\x18\x10 \x01(\x01\x32\x9c\x02\n\nGeneration\x12\x45\n\x08Generate\x12\x1a.tandem.v1.GenerateRequest\x1a\x1b.tandem.v1.GenerateResponse0\x01\x12\x43\n\x08Tokenize\x12\x1a.tandem.v1.TokenizeRequest\x1a\x1b.tandem.v1.TokenizeResponse\x12\x46\n\tModelInfo\x12\x1b.tandem.v1.ModelInfoRequest\x1a\x1c.tandem.v1.ModelInfoResponse\x12:\n\x05Stats\x12\x17.tandem.v1.StatsRequest\x1a\x18.tandem.v1.StatsResponseBI\n\rdev.tandem.v1Z8github.com/tandem-serve/tandem/gen/go/tandem/v1;tandemv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,31 +39,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=86
   _globals['_GENERATEREQUEST']._serialized_end=243
   _globals['_SAMPLINGPARAMS']._serialized_start=246
-  _globals['_SAMPLINGPARAMS']._serialized_end=773
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=646
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=694
-  _globals['_TOPLOGPROB']._serialized_start=775
-  _globals['_TOPLOGPROB']._serialized_end=836
-  _globals['_TOKENLOGPROB']._serialized_start=838
-  _globals['_TOKENLOGPROB']._serialized_end=923
-  _globals['_CHOICE']._serialized_start=925
-  _globals['_CHOICE']._serialized_end=1047
-  _globals['_USAGE']._serialized_start=1050
-  _globals['_USAGE']._serialized_end=1190
-  _globals['_GENERATERESPONSE']._serialized_start=1192
-  _globals['_GENERATERESPONSE']._serialized_end=1299
-  _globals['_TOKENIZEREQUEST']._serialized_start=1301
-  _globals['_TOKENIZEREQUEST']._serialized_end=1376
-  _globals['_TOKENIZERESPONSE']._serialized_start=1378
-  _globals['_TOKENIZERESPONSE']._serialized_end=1415
-  _globals['_MODELINFOREQUEST']._serialized_start=1417
-  _globals['_MODELINFOREQUEST']._serialized_end=1435
-  _globals['_MODELINFORESPONSE']._serialized_start=1438
-  _globals['_MODELINFORESPONSE']._serialized_end=1607
-  _globals['_STATSREQUEST']._serialized_start=1609
-  _globals['_STATSREQUEST']._serialized_end=1623
-  _globals['_STATSRESPONSE']._serialized_start=1626
-  _globals['_STATSRESPONSE']._serialized_end=2082
-  _globals['_GENERATION']._serialized_start=2085
-  _globals['_GENERATION']._serialized_end=2369
+  _globals['_SAMPLINGPARAMS']._serialized_end=811
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=670
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=718
+  _globals['_TOPLOGPROB']._serialized_start=813
+  _globals['_TOPLOGPROB']._serialized_end=874
+  _globals['_TOKENLOGPROB']._serialized_start=876
+  _globals['_TOKENLOGPROB']._serialized_end=961
+  _globals['_CHOICE']._serialized_start=963
+  _globals['_CHOICE']._serialized_end=1085
+  _globals['_USAGE']._serialized_start=1088
+  _globals['_USAGE']._serialized_end=1228
+  _globals['_GENERATERESPONSE']._serialized_start=1230
+  _globals['_GENERATERESPONSE']._serialized_end=1337
+  _globals['_TOKENIZEREQUEST']._serialized_start=1339
+  _globals['_TOKENIZEREQUEST']._serialized_end=1414
+  _globals['_TOKENIZERESPONSE']._serialized_start=1416
+  _globals['_TOKENIZERESPONSE']._serialized_end=1453
+  _globals['_MODELINFOREQUEST']._serialized_start=1455
+  _globals['_MODELINFOREQUEST']._serialized_end=1473
+  _globals['_MODELINFORESPONSE']._serialized_start=1476
+  _globals['_MODELINFORESPONSE']._serialized_end=1645
+  _globals['_STATSREQUEST']._serialized_start=1647
+  _globals['_STATSREQUEST']._serialized_end=1661
+  _globals['_STATSRESPONSE']._serialized_start=1664
+  _globals['_STATSRESPONSE']._serialized_end=2120
+  _globals['_GENERATION']._serialized_start=2123
+  _globals['_GENERATION']._serialized_end=2407
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import grpc
 
+from draft_service.config import DraftConfig
+from draft_service.server import start_draft
 from router.config import RouterConfig
 from router.server import start_router
 from tandem.grpc_server import CHANNEL_OPTIONS
@@ -27,6 +29,9 @@ class Services:
     router_server: object
     router_engine: object
     channel: grpc.Channel
+    draft_server: grpc.Server | None = None
+    draft_engine: object = None
+    draft_port: int = 0
 
     @property
     def stub(self) -> generate_pb2_grpc.GenerationStub:
@@ -46,7 +51,15 @@ class Services:
                 return stats
             time.sleep(0.05)
 
+    def stop_draft(self) -> None:
+        """Kills the draft service (its server and its peer stream), as a crash would."""
+        if self.draft_server is not None:
+            self.draft_engine.peer.stop()
+            self.draft_server.stop(0).wait()
+            self.draft_server = None
+
     def stop(self) -> None:
+        self.stop_draft()
         self.channel.close()
         asyncio.run_coroutine_threadsafe(self._stop_router(), self.loop).result(timeout=30)
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -58,9 +71,17 @@ class Services:
         await self.router_engine.stop()
 
 
-def start_services(model_dir: Path, *, target: dict | None = None, router: dict | None = None) -> Services:
+def start_services(
+    model_dir: Path, *, target: dict | None = None, router: dict | None = None, draft_model: Path | None = None
+) -> Services:
     tconf = replace(TargetConfig(model_dir=model_dir, port=0, kv_cache_tokens=8192, kv_page_size=8), **(target or {}))
     target_server, _, target_port, engine = start_target(tconf)
+    draft_server, draft_engine, draft_port = None, None, 0
+    if draft_model is not None:
+        dconf = DraftConfig(method="eagle", model_dir=draft_model, target_model_dir=model_dir,
+                            target_address=f"127.0.0.1:{target_port}", port=0, kv_cache_tokens=8192, kv_page_size=8)
+        draft_server, _, draft_port, draft_engine = start_draft(dconf)
+        router = {"draft_address": f"127.0.0.1:{draft_port}", **(router or {})}
     rconf = replace(
         RouterConfig(model_dir=model_dir, target_address=f"127.0.0.1:{target_port}", port=0, connect_timeout_s=30),
         **(router or {}),
@@ -70,7 +91,8 @@ def start_services(model_dir: Path, *, target: dict | None = None, router: dict 
     thread.start()
     server, router_engine, _, _, router_port = asyncio.run_coroutine_threadsafe(start_router(rconf), loop).result(timeout=60)
     channel = grpc.insecure_channel(f"127.0.0.1:{router_port}", options=CHANNEL_OPTIONS)
-    return Services(target_port, router_port, target_server, engine, loop, thread, server, router_engine, channel)
+    return Services(target_port, router_port, target_server, engine, loop, thread, server, router_engine, channel,
+                    draft_server, draft_engine, draft_port)
 
 
 def generate(stub, timeout: float = 120, **fields) -> tuple[list[int], str, list, generate_pb2.GenerateResponse]:

@@ -1,0 +1,175 @@
+"""The draft engine: mirrors the router's sequences in its own paged KV cache, absorbs the
+target's hidden states, drafts chains of k tokens.
+
+The draft's KV lags the target's by one token: draft position i holds the pair (target hidden
+state at position i, token i + 1). A Draft call (1) drops the speculative positions of the last
+call, (2) runs the new real pairs, whose last output proposes draft token 1, (3) feeds back its
+own predicted feature with each draft token for tokens 2..k (speculative positions).
+"""
+
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from draft_service.config import DraftConfig
+from draft_service.peer_client import DraftPeer
+from tandem.errors import InvalidArgument, ResourceExhausted, Unavailable
+from tandem.kv.batching import append_batch
+from tandem.kv.cache import PagedKVCache
+from tandem.ops import AddSequence, DraftRequest, DraftResult, EngineStats, ForkSequence, PopTokens, RemoveSequence
+from tandem.peer import DraftProbs, HiddenPairs
+from tandem.sampling.sampler import draw, probabilities, process_logits
+from tandem.sampling.state import SamplingState
+
+
+@dataclass(slots=True)
+class _Seq:
+    sampler: SamplingState
+    speculative: int = 0  # positions appended by the last draft, dropped by the next call
+
+
+class DraftEngine:
+    def __init__(self, config: DraftConfig, head, peer: DraftPeer):
+        self.config = config
+        self.head = head
+        self.peer = peer
+        self.device = torch.device(config.device)
+        mc = head.model_config
+        self.cache = PagedKVCache(
+            num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
+            num_pages=config.kv_cache_tokens // config.kv_page_size, page_size=config.kv_page_size,
+            dtype=head.dtype, device=self.device,
+        )
+        self._seqs: dict[int, _Seq] = {}
+        self._lock = threading.Lock()
+        self._steps = 0
+        self._tokens_run = 0
+
+    @property
+    def allocator(self):
+        return self.cache.allocator
+
+    def stats(self) -> EngineStats:
+        return EngineStats(self.allocator.num_pages, self.allocator.num_free_pages, len(self._seqs), self._steps, self._tokens_run)
+
+    def reset(self) -> EngineStats:
+        with self._lock:
+            self.allocator.clear()
+            self._seqs.clear()
+            self.peer.clear()
+        return self.stats()
+
+    def draft(self, request: DraftRequest) -> DraftResult:
+        with self._lock:
+            started = time.perf_counter()
+            if request.seqs and not self.peer.connected:
+                raise Unavailable(f"draft: no peer stream to the target at {self.peer.target_address}")
+            if request.seqs and not self.peer.wait_step(request.after_target_step, self.config.hidden_timeout_s):
+                raise Unavailable(f"draft: hidden states of target step {request.after_target_step} never came")
+            for op in request.ops:
+                self._apply(op)
+            tokens = self._draft(request) if request.seqs else {}
+            self._steps += 1
+            return DraftResult(request.draft_step_id, tokens, (time.perf_counter() - started) * 1e3)
+
+    def _apply(self, op) -> None:
+        if isinstance(op, AddSequence):
+            if len(self._seqs) >= self.config.max_num_sequence:
+                raise ResourceExhausted(f"draft: max_num_sequence ({self.config.max_num_sequence}) live")
+            self.allocator.add(op.seq_id)
+            self._seqs[op.seq_id] = _Seq(SamplingState(_proposal_params(op.sampler), self.head.vocab_size, self.device))
+        elif isinstance(op, RemoveSequence):
+            self.allocator.remove(op.seq_id)
+            del self._seqs[op.seq_id]
+            self.peer.drop(op.seq_id)
+        elif isinstance(op, (ForkSequence, PopTokens)):
+            raise InvalidArgument(f"draft: {type(op).__name__} is not supported yet")
+
+    def _draft(self, request: DraftRequest) -> dict[int, tuple[int, ...]]:
+        for s in request.seqs:
+            if s.seq_id not in self._seqs:
+                raise InvalidArgument(f"draft: unknown sequence {s.seq_id}")
+            seq = self._seqs[s.seq_id]
+            self.allocator.pop(s.seq_id, seq.speculative)
+            seq.speculative = 0
+        ready = {}  # seq_id -> (tokens, features) of the new real pairs
+        for s in request.seqs:
+            pairs = _contiguous(self.peer.take(s.seq_id), self.allocator.length(s.seq_id))
+            if pairs is not None and s.num_tokens > 0:
+                ready[s.seq_id] = pairs
+        tokens = {s.seq_id: () for s in request.seqs}
+        if ready:
+            k = {s.seq_id: s.num_tokens for s in request.seqs}
+            tokens.update(self._chains(ready, k, request.draft_step_id))
+        return tokens
+
+    def _chains(self, ready: dict, k: dict[int, int], draft_step_id: int) -> dict[int, tuple[int, ...]]:
+        seq_ids = list(ready)
+        features = self._forward([(s, ready[s][0], ready[s][1]) for s in seq_ids], last_only=True)
+        drafts = {s: [] for s in seq_ids}
+        probs = {s: [] for s in seq_ids}
+        active = seq_ids
+        while active:
+            logits = self.head.logits(features)
+            for row, s in enumerate(active):
+                token, q = self._propose(s, logits[row])
+                drafts[s].append(token)
+                if q is not None:
+                    probs[s].append(q)
+            keep = [i for i, s in enumerate(active) if len(drafts[s]) < k[s]]
+            if not keep:
+                break
+            active = [active[i] for i in keep]
+            feeds = [(s, [drafts[s][-1]], features[i : i + 1]) for i, s in zip(keep, active)]
+            for s in active:
+                self._seqs[s].speculative += 1
+            features = self._forward(feeds, last_only=True)
+        sampled = {s: torch.stack(p) for s, p in probs.items() if p}
+        if sampled:
+            self.peer.send_probs(DraftProbs(draft_step_id, sampled))
+        return {s: tuple(d) for s, d in drafts.items()}
+
+    def _forward(self, items, last_only: bool) -> torch.Tensor:
+        """items: (seq_id, tokens, features [n, D]); returns predicted features, [S, D] (the
+        last of each item) when last_only."""
+        batch, first_rows = append_batch(self.cache, self.head.backend, [(s, t) for s, t, _ in items], None, self.device)
+        feats = torch.cat([f.to(self.head.dtype) for _, _, f in items])
+        out = self.head.forward(batch.input_ids, feats, batch, self.cache)
+        self._tokens_run += len(feats)
+        if not last_only:
+            return out
+        last = torch.tensor([first_rows[s] + len(t) - 1 for s, t, _ in items], device=self.device)
+        return out[last]
+
+    def _propose(self, seq_id: int, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        state = self._seqs[seq_id].sampler
+        processed = process_logits(logits[None], [state])
+        if state.params.greedy:
+            return int(processed[0].argmax()), None
+        q = probabilities(processed, [state])
+        return int(draw(q, [state.generator])[0]), q[0]
+
+
+def _proposal_params(params):
+    """The draft proposes from the target's tempered, truncated distribution; penalties need a
+    token history the draft does not keep, and any q keeps verification lossless."""
+    return replace(params, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
+
+
+def _contiguous(pairs: list[HiddenPairs], length: int):
+    """The new real pairs starting at the draft's KV length, as (tokens, features); None when
+    some are missing (the stream was down): that sequence gets no drafts."""
+    tokens, features, position = [], [], length
+    for p in pairs:
+        skip = position - p.start
+        if skip < 0:
+            return None
+        if skip < len(p.tokens):
+            tokens.extend(p.tokens[skip:])
+            features.append(p.hidden[skip:])
+            position = p.start + len(p.tokens)
+    if not tokens:
+        return None
+    return tokens, torch.cat(features)

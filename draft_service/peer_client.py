@@ -1,0 +1,105 @@
+"""The draft's end of the peer stream: connects to the target, buffers the hidden states of each
+sequence until a Draft call absorbs them, and sends draft probabilities back."""
+
+import logging
+import queue
+import threading
+
+import grpc
+
+from tandem import codec
+from tandem.grpc_server import CHANNEL_OPTIONS
+from tandem.peer import DraftProbs, HiddenPairs
+from tandem.v1 import engine_pb2_grpc
+
+log = logging.getLogger(__name__)
+RECONNECT_S = 0.5
+
+
+class DraftPeer:
+    def __init__(self, target_address: str, device="cpu"):
+        self.target_address = target_address
+        self.device = device
+        self._pending: dict[int, list[HiddenPairs]] = {}
+        self._last_step = 0
+        self._connected = False
+        self._cond = threading.Condition()
+        self._outgoing: queue.Queue | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="draft-peer", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._outgoing is not None:
+            self._outgoing.put(None)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def wait_connected(self, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._connected, timeout)
+
+    def wait_step(self, step_id: int, timeout: float) -> bool:
+        """True once the hidden states of target step `step_id` (and all before) are here."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._last_step >= step_id, timeout)
+
+    def take(self, seq_id: int) -> list[HiddenPairs]:
+        with self._cond:
+            return self._pending.pop(seq_id, [])
+
+    def drop(self, seq_id: int) -> None:
+        with self._cond:
+            self._pending.pop(seq_id, None)
+
+    def clear(self) -> None:
+        with self._cond:
+            self._pending.clear()
+
+    def send_probs(self, probs: DraftProbs) -> None:
+        out = self._outgoing
+        if out is not None:
+            out.put(codec.draft_probs_to_pb(probs))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._stream_once()
+            except (grpc.RpcError, grpc.FutureTimeoutError) as e:
+                if self._connected:
+                    log.warning("draft: peer stream to %s lost: %s", self.target_address, e)
+            finally:
+                self._connected = False
+            self._stop.wait(RECONNECT_S)
+
+    def _stream_once(self) -> None:
+        with grpc.insecure_channel(self.target_address, options=CHANNEL_OPTIONS) as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            out: queue.Queue = queue.Queue()
+            self._outgoing = out
+            requests = iter(out.get, None)
+            stream = engine_pb2_grpc.TargetEngineStub(channel).Peer(requests)
+            with self._cond:
+                self._connected = True
+                self._cond.notify_all()
+            log.info("draft: peer stream to %s open", self.target_address)
+            try:
+                for message in stream:
+                    self._receive(codec.hidden_step_from_pb(message, self.device))
+            finally:
+                self._outgoing = None
+                out.put(None)
+
+    def _receive(self, step) -> None:
+        with self._cond:
+            for pairs in step.seqs:
+                self._pending.setdefault(pairs.seq_id, []).append(pairs)
+            self._last_step = max(self._last_step, step.step_id)
+            self._cond.notify_all()
+
+
+__all__ = ["DraftPeer"]

@@ -1,0 +1,31 @@
+"""The DraftEngine gRPC servicer: protobuf in, engine call, protobuf out."""
+
+from draft_service.engine import DraftEngine
+from tandem import codec
+from tandem.v1 import engine_pb2, engine_pb2_grpc
+
+
+class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
+    def __init__(self, engine: DraftEngine, method: str, model: str):
+        self.engine = engine
+        self.method = method
+        self.model = model
+
+    def Info(self, request, context):
+        head = self.engine.head
+        return engine_pb2.DraftInfo(
+            method=self.method, model=self.model, hidden_size=head.hidden_size,
+            vocab_size=head.vocab_size, dtype=self.engine.config.dtype,
+        )
+
+    def Draft(self, request, context):
+        return codec.draft_result_to_pb(self.engine.draft(codec.draft_request_from_pb(request)))
+
+    def Stats(self, request, context):
+        return codec.stats_to_pb(self.engine.stats())
+
+    def Reset(self, request, context):
+        return codec.stats_to_pb(self.engine.reset())
+
+
+SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["DraftEngine"].full_name

@@ -1,0 +1,161 @@
+"""The router's side of speculation: asks the draft service for draft tokens, turns decode
+entries into verify entries, keeps the acceptance figures, and falls back to plain decoding
+when the draft service is down (no request fails for it).
+
+The router only carries token ids and step ids; hidden states and draft probabilities go
+between the target and the draft on their own stream.
+"""
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from router.request import RequestState
+from router.scheduler import StepPlan
+from tandem import codec
+from tandem.ops import AddSequence, DraftRequest, DraftSeq, EntryKind, RemoveSequence, SequenceOp
+from tandem.v1 import engine_pb2, engine_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SpecStats:
+    verify_steps: int = 0  # verify entries (one per sequence per step)
+    emitted: int = 0  # tokens those entries emitted (accepted + 1)
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    proposed_at: list[int] = field(default_factory=list)  # per draft position
+    accepted_at: list[int] = field(default_factory=list)
+    draft_failures: int = 0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.emitted / self.verify_steps if self.verify_steps else 1.0
+
+    def acceptance_by_position(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        self.verify_steps += 1
+        self.emitted += num_accepted + 1
+        self.draft_tokens += num_drafts
+        self.accepted_tokens += num_accepted
+        while len(self.proposed_at) < num_drafts:
+            self.proposed_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(num_drafts):
+            self.proposed_at[i] += 1
+            self.accepted_at[i] += i < num_accepted
+
+
+class Speculator:
+    def __init__(self, channel: grpc.aio.Channel, k: int, timeout_s: float, probe_s: float = 2.0):
+        self.stub = engine_pb2_grpc.DraftEngineStub(channel)
+        self.health = health_pb2_grpc.HealthStub(channel)
+        self.k = k
+        self.timeout_s = timeout_s
+        self.probe_s = probe_s
+        self.healthy = True
+        self.stats = SpecStats()
+        self._ops: list[SequenceOp] = []
+        self._draft_ids = itertools.count(1)
+        self._probe: asyncio.Task | None = None
+
+    async def connect(self, timeout_s: float) -> None:
+        """Waits for the draft (it may still be loading) and drops sequences a previous router
+        left; if it does not come, serve plain and keep probing."""
+        try:
+            await self.stub.Reset(engine_pb2.ResetRequest(), wait_for_ready=True, timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            self._down_since_start(f"{e.code().name}: {e.details()}")
+
+    def _down_since_start(self, why: str) -> None:
+        log.warning("draft service not reachable (%s): serving without speculation", why)
+        self.healthy = False
+        self._probe = asyncio.get_running_loop().create_task(self._wait_healthy())
+
+    def admit(self, state: RequestState) -> bool:
+        """Called when a request is admitted; True when it will speculate."""
+        if not (self.healthy and state.spec.speculate):
+            return False
+        self._ops.append(AddSequence(state.seq_id, state.spec.sampler))
+        state.draft_live = True
+        return True
+
+    def release(self, state: RequestState) -> None:
+        if state.draft_live and self.healthy:
+            self._ops.append(RemoveSequence(state.seq_id))
+        state.draft_live = False
+
+    def mark_hidden(self, plan: StepPlan) -> StepPlan:
+        """Asks the target to stream hidden states for every entry of a speculating request."""
+        entries = tuple(
+            dataclasses.replace(e, emit_hidden=True) if r.draft_live else e for e, r in zip(plan.entries, plan.requests)
+        )
+        return dataclasses.replace(plan, entries=entries)
+
+    async def propose(self, plan: StepPlan, after_step: int) -> tuple[StepPlan, int]:
+        """Drafts for each speculating decode entry; returns the plan with verify entries and the
+        draft step id (0 when nothing was drafted)."""
+        wanted = [
+            (e, r) for e, r in zip(plan.entries, plan.requests)
+            if r.draft_live and e.kind is EntryKind.DECODE and self._room(r) > 0
+        ]
+        if not self.healthy or (not wanted and not self._ops):
+            return plan, 0
+        request = DraftRequest(
+            draft_step_id=next(self._draft_ids),
+            after_target_step=after_step,
+            ops=tuple(self._ops),
+            seqs=tuple(DraftSeq(e.seq_id, min(self.k, self._room(r))) for e, r in wanted),
+        )
+        self._ops = []
+        try:
+            response = await self.stub.Draft(codec.draft_request_to_pb(request), timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as e:
+            self._down(plan, f"{e.code().name}: {e.details()}")
+            return plan, 0
+        drafts = codec.draft_result_from_pb(response).tokens
+        for e, r in wanted:
+            if not drafts.get(e.seq_id):  # the draft lacks its hidden states: stop speculating
+                self.release(r)
+        entries = tuple(
+            dataclasses.replace(e, token_ids=e.token_ids + drafts[e.seq_id], num_draft_tokens=len(drafts[e.seq_id]))
+            if drafts.get(e.seq_id) else e
+            for e in plan.entries
+        )
+        return dataclasses.replace(plan, entries=entries), request.draft_step_id
+
+    @staticmethod
+    def _room(state: RequestState) -> int:
+        """Drafts worth verifying: no more than the tokens the request may still emit, minus one."""
+        return state.spec.max_tokens - len(state.output_ids) - 1
+
+    def _down(self, plan: StepPlan, why: str) -> None:
+        log.warning("draft service failed (%s): serving without speculation until it is healthy", why)
+        self.healthy = False
+        self.stats.draft_failures += 1
+        self._ops = []
+        for r in plan.requests:
+            r.draft_live = False
+        self._probe = asyncio.get_running_loop().create_task(self._wait_healthy())
+
+    async def _wait_healthy(self) -> None:
+        """Probes the draft's health; once SERVING again, resets it so new requests speculate."""
+        while True:
+            await asyncio.sleep(self.probe_s)
+            try:
+                check = await self.health.Check(health_pb2.HealthCheckRequest(), timeout=self.probe_s)
+                if check.status == health_pb2.HealthCheckResponse.SERVING:
+                    await self.stub.Reset(engine_pb2.ResetRequest(), timeout=self.timeout_s)
+                    self.healthy = True
+                    log.info("draft service healthy again: new requests speculate")
+                    return
+            except grpc.aio.AioRpcError:
+                continue

@@ -1,0 +1,246 @@
+"""The EAGLE-1/2 draft head (Li et al., SafeAILab/EAGLE `eagle/model/cnets1.py`): one Llama
+decoder layer that predicts the target's next final-norm hidden state.
+
+Words:
+- feature f_i: the target's final-norm hidden state at position i (what LlamaModel.forward
+  returns); lm_head(f_i) gives the target's logits for token t_{i+1}.
+- pair i: (f_i, t_{i+1}), the feature and the token one position later. The draft's input is
+  the target's input shifted left by one token, so the draft KV lags the target's by one.
+- predicted feature f^_{i+1}: the head's output for pair i; lm_head(f^_{i+1}) predicts t_{i+2}.
+
+For pair i at position i:  x = fc(cat(embed(t_{i+1}), f_i))   (embedding first, as EAGLE does)
+                           h = x + attn(x)                    (no input norm on layer 0: EAGLE skips it)
+                           f^_{i+1} = h + mlp(rms_norm(h))    (no final norm)
+The head shares the target's embedding and lm_head and keeps its own 1-layer paged KV cache.
+"""
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tandem.attention.base import AttentionBackend
+from tandem.errors import InvalidArgument
+from tandem.kv.cache import PagedKVCache
+from tandem.models.config import ModelConfig
+from tandem.models.eagle_io import LAYER, read_eagle_checkpoint, read_tensors
+from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
+from tandem.models.rope import inverse_frequencies, rope_tables, signed_sin
+
+
+@dataclass(frozen=True, slots=True)
+class EagleConfig:
+    """The head's architecture, from its config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    fc_bias: bool  # config "bias", default true as in EAGLE
+    qkv_bias: bool  # config "qkv_bias" (EAGLE heads of Qwen2 targets)
+
+    @staticmethod
+    def from_dict(raw: dict) -> "EagleConfig":
+        layers = raw.get("num_hidden_layers", 1)
+        if layers != 1:
+            raise InvalidArgument(f"EAGLE head config num_hidden_layers is {layers}; only 1-layer heads are supported")
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise InvalidArgument(f"EAGLE head config hidden_act is {act!r}; only 'silu' is supported")
+        heads = raw["num_attention_heads"]
+        return EagleConfig(
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            fc_bias=bool(raw.get("bias", True)),
+            qkv_bias=bool(raw.get("qkv_bias", False)),
+        )
+
+    def model_config(self) -> ModelConfig:
+        """The view our attention code and KV-cache sizing read: one layer, no sliding window."""
+        return ModelConfig(
+            architecture="llama",
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_layers=1,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings,
+            tie_word_embeddings=False,
+            attention_bias=self.qkv_bias,
+            sliding_window=None,
+            eos_token_ids=(),
+            torch_dtype="float32",
+        )
+
+
+class EagleHead:
+    """Weights stored transposed, [in, out], like LlamaModel's. `layer.input_norm` is never read."""
+
+    def __init__(
+        self,
+        config: EagleConfig,
+        fc: torch.Tensor,  # [2D, D]: rows 0..D-1 take the embedding, D..2D-1 the feature
+        fc_bias: torch.Tensor | None,  # [D]
+        layer: LayerWeights,
+        embed: torch.Tensor,  # [V, D], the target's
+        lm_head: torch.Tensor,  # [D, V], the target's (transposed)
+        rope_cos: torch.Tensor,  # [max_positions, head_dim] fp32
+        rope_sin: torch.Tensor,
+        backend: AttentionBackend,
+    ):
+        d = config.hidden_size
+        assert fc.shape == (2 * d, d), fc.shape
+        assert embed.shape[1] == d and lm_head.shape[0] == d, (embed.shape, lm_head.shape)
+        self.config = config
+        self.fc, self.fc_bias, self.layer = fc, fc_bias, layer
+        self.embed, self.lm_head = embed, lm_head
+        self.dtype = fc.dtype
+        self.rope_cos = rope_cos.to(self.dtype)
+        self.rope_sin = signed_sin(rope_sin).to(self.dtype)
+        self.backend = backend
+        self._model_config = config.model_config()
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self._model_config
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,  # [T] int64: t_{i+1} of each packed pair
+        features: torch.Tensor,  # [T, D]: f_i (any float dtype; cast to the head's)
+        batch: ForwardBatch,  # positions i, slot_mapping, plan; batch.input_ids is not read
+        cache: PagedKVCache,  # the head's own, 1 layer
+    ) -> torch.Tensor:  # [T, D]: the predicted features f^_{i+1}
+        assert tokens.shape[0] == features.shape[0] == batch.positions.shape[0], (tokens.shape, features.shape)
+        x = torch.cat((F.embedding(tokens, self.embed), features.to(self.dtype)), dim=-1)
+        h = x @ self.fc if self.fc_bias is None else torch.addmm(self.fc_bias, x, self.fc)
+        cos, sin = self.rope_cos[batch.positions], self.rope_sin[batch.positions]
+        h = h + attention_block(self._model_config, 0, self.layer, h, cos, sin, batch, cache, self.backend)
+        return h + mlp_block(self.layer, rms_norm(h, self.layer.post_norm, self.config.rms_norm_eps))
+
+    @torch.inference_mode()
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """features [S, D] (predicted, no norm applied) -> logits [S, V] in fp32."""
+        return (features @ self.lm_head).float()
+
+
+def build_head_weights(
+    config: EagleConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, device
+) -> tuple[torch.Tensor, torch.Tensor | None, LayerWeights]:
+    """(fc [2D, D], fc_bias, layer) from a public state dict; checks every key and shape."""
+    if "d2t" in state or any(k.startswith("midlayer.") for k in state):
+        raise InvalidArgument("this is an EAGLE-3 checkpoint (midlayer / d2t keys); only EAGLE-1/2 heads are supported")
+    expected = _expected_shapes(config)
+
+    def take(name: str) -> torch.Tensor:
+        if name not in state:
+            raise InvalidArgument(f"EAGLE checkpoint lacks weight {name}")
+        w = state[name]
+        if tuple(w.shape) != expected[name]:
+            raise InvalidArgument(f"EAGLE weight {name} has shape {list(w.shape)}, config wants {list(expected[name])}")
+        return w.to(device=device, dtype=dtype)
+
+    def t(x: torch.Tensor) -> torch.Tensor:  # [out, in] -> [in, out] contiguous
+        return x.t().contiguous()
+
+    p = LAYER + "self_attn."
+    qkv_bias = None
+    if config.qkv_bias:
+        qkv_bias = torch.cat([take(p + f"{n}_proj.bias") for n in "qkv"])
+    layer = LayerWeights(
+        input_norm=torch.ones(config.hidden_size, dtype=dtype, device=device),  # unused
+        qkv=t(torch.cat([take(p + f"{n}_proj.weight") for n in "qkv"])),
+        qkv_bias=qkv_bias,
+        o=t(take(p + "o_proj.weight")),
+        post_norm=take(LAYER + "post_attention_layernorm.weight").contiguous(),
+        gate_up=t(torch.cat([take(LAYER + "mlp.gate_proj.weight"), take(LAYER + "mlp.up_proj.weight")])),
+        down=t(take(LAYER + "mlp.down_proj.weight")),
+    )
+    fc_bias = take("fc.bias").contiguous() if config.fc_bias else None
+    return t(take("fc.weight")), fc_bias, layer
+
+
+def _expected_shapes(c: EagleConfig) -> dict[str, tuple[int, ...]]:
+    d, q, kv = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    p = LAYER
+    return {
+        "fc.weight": (d, 2 * d),
+        "fc.bias": (d,),
+        p + "self_attn.q_proj.weight": (q, d),
+        p + "self_attn.k_proj.weight": (kv, d),
+        p + "self_attn.v_proj.weight": (kv, d),
+        p + "self_attn.q_proj.bias": (q,),
+        p + "self_attn.k_proj.bias": (kv,),
+        p + "self_attn.v_proj.bias": (kv,),
+        p + "self_attn.o_proj.weight": (d, q),
+        p + "mlp.gate_proj.weight": (c.intermediate_size, d),
+        p + "mlp.up_proj.weight": (c.intermediate_size, d),
+        p + "mlp.down_proj.weight": (d, c.intermediate_size),
+        p + "post_attention_layernorm.weight": (d,),
+    }
+
+
+def load_eagle_head(
+    head_dir: Path,
+    target_dir: Path,
+    *,
+    dtype: torch.dtype,
+    backend: AttentionBackend,
+    device: torch.device | str = "cpu",
+    max_positions: int | None = None,
+) -> EagleHead:
+    """The head of `head_dir` (public EAGLE-1/2 format) with the embedding and lm_head of the
+    target in `target_dir` (a safetensors folder, tied or not); rope from the head's config."""
+    raw, state = read_eagle_checkpoint(head_dir)
+    config = EagleConfig.from_dict(raw)
+    target = ModelConfig.from_folder(target_dir)
+    if config.hidden_size != target.hidden_size:
+        raise InvalidArgument(
+            f"EAGLE head hidden_size {config.hidden_size} does not match the target's {target.hidden_size}"
+        )
+    if config.vocab_size != target.vocab_size:
+        raise InvalidArgument(f"EAGLE head vocab_size {config.vocab_size} does not match the target's {target.vocab_size}")
+    fc, fc_bias, layer = build_head_weights(config, state, dtype, device)
+    embed, lm_head = _target_embeddings(target, Path(target_dir), dtype, device)
+    inv_freq, scaling = _head_rope(Path(head_dir), raw)
+    cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)
+    return EagleHead(config, fc, fc_bias, layer, embed, lm_head, cos.to(device), sin.to(device), backend)
+
+
+def _target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed [V, D], lm_head [D, V]) of the target, tied or not (the loader's rule)."""
+    embed_key, head_key = "model.embed_tokens.weight", "lm_head.weight"
+    found = read_tensors(target_dir, {embed_key, head_key})
+    if embed_key not in found:
+        raise InvalidArgument(f"target checkpoint {target_dir} lacks weight {embed_key}")
+    embed = found[embed_key].to(device=device, dtype=dtype).contiguous()
+    tied = target.tie_word_embeddings or head_key not in found
+    head = embed if tied else found[head_key].to(device=device, dtype=dtype)
+    return embed, head.t().contiguous()
+
+
+def _head_rope(head_dir: Path, raw: dict) -> tuple[torch.Tensor, float]:
+    """The head's rope through tandem.models.rope; a config AutoConfig cannot place (no
+    model_type, as some EAGLE configs have) is read as a Llama config."""
+    if raw.get("model_type"):
+        return inverse_frequencies(head_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps({**raw, "model_type": "llama"}))
+        return inverse_frequencies(Path(tmp))

@@ -1,0 +1,34 @@
+"""Tensor <-> protobuf: raw little-endian bytes, dtype name and shape (no pickling)."""
+
+import torch
+
+from tandem.errors import InvalidArgument
+from tandem.v1 import engine_pb2 as pb
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def tensor_to_pb(t: torch.Tensor) -> pb.Tensor:
+    t = t.detach().contiguous().cpu()
+    # bf16 has no numpy dtype: ship its bits as int16.
+    raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+    return pb.Tensor(dtype=_NAMES[t.dtype], shape=list(t.shape), data=raw.numpy().tobytes())
+
+
+def tensor_from_pb(m: pb.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    if m.dtype not in _DTYPES:
+        raise InvalidArgument(f"tensor dtype {m.dtype!r} is not one of {sorted(_DTYPES)}")
+    dtype = _DTYPES[m.dtype]
+    storage = torch.int16 if dtype == torch.bfloat16 else dtype
+    flat = torch.frombuffer(bytearray(m.data), dtype=storage)
+    if flat.numel() != _numel(m.shape):
+        raise InvalidArgument(f"tensor of shape {list(m.shape)} has {flat.numel()} elements")
+    return flat.view(dtype).reshape(tuple(m.shape)).to(device)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,115 @@
+"""EAGLE speculation through real target, draft and router servers on a tiny model."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from tandem.models.eagle_io import random_eagle_checkpoint
+from tandem.testing.eagle_train import train_tiny_eagle
+from tandem.testing.tiny import TINY_PROMPTS
+from tandem.v1 import engine_pb2, engine_pb2_grpc
+from tandem.v1 import generate_pb2 as pb
+from tests.services.harness import generate, start_services
+from tests.services.test_generate import NEW_TOKENS, greedy, reference, sampled  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def trained_head(tiny_model, tmp_path_factory):
+    return train_tiny_eagle(tiny_model, tmp_path_factory.mktemp("heads") / "trained", seed=0)
+
+
+@pytest.fixture(scope="module")
+def random_head(tiny_model, tmp_path_factory):
+    return random_eagle_checkpoint(tmp_path_factory.mktemp("heads") / "random", tiny_model, seed=3)
+
+
+@pytest.fixture(scope="module")
+def eagle(tiny_model, trained_head):
+    s = start_services(tiny_model, draft_model=trained_head, router={"spec_draft_length": 4})
+    yield s
+    s.stop()
+
+
+def draft_stats(services):
+    with grpc.insecure_channel(f"127.0.0.1:{services.draft_port}") as ch:
+        return engine_pb2_grpc.DraftEngineStub(ch).Stats(engine_pb2.EngineStatsRequest(), timeout=10)
+
+
+def wait_draft_idle(services, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while (stats := draft_stats(services)).sequences_live and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return stats
+
+
+def test_trained_head_greedy_equals_target_and_accepts(eagle, reference):
+    drafted = accepted = 0
+    for prompt in TINY_PROMPTS:
+        ids, _, _, last = generate(eagle.stub, prompt=prompt, params=greedy())
+        assert ids == reference[prompt], prompt
+        drafted += last.usage.draft_tokens
+        accepted += last.usage.accepted_draft_tokens
+    assert drafted > 0 and accepted > 0
+    stats = eagle.stub.Stats(pb.StatsRequest())
+    assert stats.speculation_active and stats.mean_accepted_length > 1.0
+    assert len(stats.acceptance_by_position) == 4 and stats.acceptance_by_position[0] > 0
+    assert eagle.wait_idle().sequences_live == 0
+    draft = wait_draft_idle(eagle)
+    assert draft.sequences_live == 0 and draft.kv_pages_free == draft.kv_pages_total
+
+
+def test_random_head_greedy_equals_target(tiny_model, random_head, reference):
+    s = start_services(tiny_model, draft_model=random_head, router={"spec_draft_length": 3})
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda p: generate(s.stub, prompt=p, params=greedy())[0], TINY_PROMPTS))
+        assert outs == [reference[p] for p in TINY_PROMPTS]
+        assert s.stub.Stats(pb.StatsRequest()).draft_tokens_total > 0
+    finally:
+        s.stop()
+
+
+def test_concurrent_speculative_streams_equal_target(eagle, reference):
+    with ThreadPoolExecutor(len(TINY_PROMPTS)) as pool:
+        outs = list(pool.map(lambda p: generate(eagle.stub, prompt=p, params=greedy())[0], TINY_PROMPTS))
+    assert outs == [reference[p] for p in TINY_PROMPTS]
+
+
+def test_speculation_off_per_request(eagle, reference):
+    before = eagle.stub.Stats(pb.StatsRequest()).draft_tokens_total
+    ids, _, _, last = generate(eagle.stub, prompt=TINY_PROMPTS[0], params=greedy(speculate=False))
+    assert ids == reference[TINY_PROMPTS[0]] and last.usage.draft_tokens == 0
+    assert eagle.stub.Stats(pb.StatsRequest()).draft_tokens_total == before
+
+
+def test_seeded_speculative_sampling_reproducible_in_any_batch(eagle):
+    prompt = TINY_PROMPTS[1]
+    alone = generate(eagle.stub, prompt=prompt, params=sampled(seed=77))
+    again = generate(eagle.stub, prompt=prompt, params=sampled(seed=77))
+    assert alone[3].usage.draft_tokens > 0
+    jobs = [(prompt, sampled(seed=77))] + [(TINY_PROMPTS[i], sampled(seed=i)) for i in range(5)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        mixed = list(pool.map(lambda j: generate(eagle.stub, prompt=j[0], params=j[1])[0], jobs))
+    assert alone[0] == again[0] == mixed[0]
+    assert generate(eagle.stub, prompt=prompt, params=sampled(seed=78))[0] != alone[0]
+
+
+def test_killing_the_draft_fails_no_request(tiny_model, trained_head, reference):
+    s = start_services(tiny_model, draft_model=trained_head, router={"spec_draft_length": 4})
+    try:
+        calls = [s.stub.Generate(pb.GenerateRequest(prompt=p, params=greedy()), timeout=120) for p in TINY_PROMPTS]
+        first = [next(c) for c in calls]  # every stream has started (and speculated)
+        s.stop_draft()
+        outs = []
+        for head, call in zip(first, calls):
+            outs.append(list(head.choices[0].token_ids) + [t for r in call for t in r.choices[0].token_ids])
+        assert outs == [reference[p] for p in TINY_PROMPTS]
+        stats = s.stub.Stats(pb.StatsRequest())
+        assert not stats.speculation_active
+        # new requests are served plain
+        assert generate(s.stub, prompt=TINY_PROMPTS[0], params=greedy())[0] == reference[TINY_PROMPTS[0]]
+        assert s.wait_idle().sequences_live == 0
+    finally:
+        s.stop()
