@@ -79,7 +79,7 @@ class DraftEngine:
             if len(self._seqs) >= self.config.max_num_sequence:
                 raise ResourceExhausted(f"draft: max_num_sequence ({self.config.max_num_sequence}) live")
             self.allocator.add(op.seq_id)
-            self._seqs[op.seq_id] = _Seq(SamplingState(_proposal_params(op.sampler), self.head.vocab_size, self.device))
+            self._seqs[op.seq_id] = _Seq(SamplingState(_proposal_params(op.sampler), self.head.config.vocab_size, self.device))
         elif isinstance(op, RemoveSequence):
             self.allocator.remove(op.seq_id)
             del self._seqs[op.seq_id]

@@ -8,7 +8,7 @@ from tandem.models.loader import parse_dtype
 
 
 def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str):
-    from tandem.models.eagle_io import load_eagle_head
+    from tandem.models.eagle import load_eagle_head
 
     return load_eagle_head(model_dir, target_dir, dtype=parse_dtype(dtype), backend=TorchAttention(device), device=device)
 

@@ -14,8 +14,8 @@ class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
     def Info(self, request, context):
         head = self.engine.head
         return engine_pb2.DraftInfo(
-            method=self.method, model=self.model, hidden_size=head.hidden_size,
-            vocab_size=head.vocab_size, dtype=self.engine.config.dtype,
+            method=self.method, model=self.model, hidden_size=head.config.hidden_size,
+            vocab_size=head.config.vocab_size, dtype=self.engine.config.dtype,
         )
 
     def Draft(self, request, context):
