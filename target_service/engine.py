@@ -217,7 +217,8 @@ class TargetEngine:
             start = row_starts[e.seq_id]
             q = probs.get(e.seq_id)
             q = q if q is not None and q.shape[0] == k else None
-            result = verify_chain(logits[start : start + k + 1], e.token_ids[-k:], q, self._samplers[e.seq_id])
+            drafts = e.token_ids[len(e.token_ids) - k :]
+            result = verify_chain(logits[start : start + k + 1], drafts, q, self._samplers[e.seq_id])
             rejected = k - result.num_accepted
             if rejected:
                 self.allocator.pop(e.seq_id, rejected)

@@ -76,7 +76,7 @@ def verify_chain(
     else:
         assert draft_probs is not None or len(draft_tokens) == 0
         num_accepted, last = _verify_sampled(rows, draft_tokens, draft_probs, state.generator)
-    emitted = [*draft_tokens[:num_accepted], last]
+    emitted = [*(int(d) for d in draft_tokens[:num_accepted]), last]
     for token_id in emitted:
         state.observe_output(token_id)
     tokens = _verified_tokens(target_logits[: len(emitted)], emitted, state.params.top_logprobs)
