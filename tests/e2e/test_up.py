@@ -58,3 +58,28 @@ def test_bench_reduced_writes_results(tmp_path):
     assert report["summary"]["greedy_outputs_identical"] == "4/4"
     assert report["tandem"]["1"]["tokens"] == 32 and report["transformers"]["2"]["tokens"] == 32
     assert report["machine"]["cores"] >= 1
+
+
+def test_up_with_an_eagle_draft(tiny_model, tmp_path):
+    from tandem.models.eagle_io import random_eagle_checkpoint
+
+    head = random_eagle_checkpoint(tmp_path / "head", tiny_model, seed=1)
+    router, target, draft = free_port(), free_port(), free_port()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "tandem.cli", "up", "--model", str(tiny_model), "--draft", "eagle",
+         "--draft-model", str(head), "--router-port", str(router), "--target-port", str(target),
+         "--draft-port", str(draft), "--spec-draft-length", "3"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        wait_serving(f"127.0.0.1:{router}", up)
+        assert health(f"127.0.0.1:{draft}", quiet=True) == 0
+        out = tandem_cli("generate", "The quick brown fox", "--raw", "--max-tokens", "16",
+                         "--address", f"127.0.0.1:{router}")
+        assert out.returncode == 0, out.stderr
+        assert "speculation:" in out.stderr and "drafted" in out.stderr, out.stderr
+    finally:
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(timeout=60)
+    assert code == 0
+    assert health(f"127.0.0.1:{draft}", timeout=1.0, quiet=True) == 1

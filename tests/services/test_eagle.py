@@ -6,6 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from draft_service.config import DraftConfig
+from draft_service.server import start_draft
 from tandem.models.eagle_io import random_eagle_checkpoint
 from tandem.testing.eagle_train import train_tiny_eagle
 from tandem.testing.tiny import TINY_PROMPTS
@@ -109,7 +111,18 @@ def test_killing_the_draft_fails_no_request(tiny_model, trained_head, reference)
         stats = s.stub.Stats(pb.StatsRequest())
         assert not stats.speculation_active
         # new requests are served plain
-        assert generate(s.stub, prompt=TINY_PROMPTS[0], params=greedy())[0] == reference[TINY_PROMPTS[0]]
+        ids, _, _, last = generate(s.stub, prompt=TINY_PROMPTS[0], params=greedy())
+        assert ids == reference[TINY_PROMPTS[0]] and last.usage.draft_tokens == 0
         assert s.wait_idle().sequences_live == 0
+        # a draft back on the same port: new requests speculate again
+        config = DraftConfig(method="eagle", model_dir=trained_head, target_model_dir=tiny_model,
+                             target_address=f"127.0.0.1:{s.target_port}", port=s.draft_port)
+        s.draft_server, _, _, s.draft_engine = start_draft(config)
+        deadline = time.monotonic() + 30
+        while not s.stub.Stats(pb.StatsRequest()).speculation_active:
+            assert time.monotonic() < deadline, "the router never saw the draft healthy again"
+            time.sleep(0.2)
+        ids, _, _, last = generate(s.stub, prompt=TINY_PROMPTS[1], params=greedy())
+        assert ids == reference[TINY_PROMPTS[1]] and last.usage.draft_tokens > 0
     finally:
         s.stop()
