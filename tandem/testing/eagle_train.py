@@ -7,6 +7,15 @@ position. Training is teacher-forced as in EAGLE-1 (`eagle/train/main.py`): pair
 -> predicted feature f^_{i+1}; loss = SmoothL1(f^_{i+1}, f_{i+1}) + CE_WEIGHT * cross-entropy of
 lm_head(f^_{i+1}) against the target's own next token argmax lm_head(f_{i+1}) (= t_{i+2}).
 The target's embedding and lm_head stay frozen; the checkpoint is written in the public format.
+
+Warm start. A random-weight tiny target is chaotic: its greedy token depends on the whole
+context (its own last 8 tokens agree with it 3% of the time; a bigram table gets 2.5%), and a
+head trained from scratch memorises its training set and stays near chance (1%) on new prompts.
+So the head starts as a copy of the target's last decoder layer, fed x = s * embed(t_{i+1})
+(fc's feature half zero): for a 1-layer target that is the target itself up to EAGLE's one-token
+lag (the head never sees t_0) and the per-token RMS of the input norm, which a linear fc cannot
+reproduce; s and the input-norm scale are fitted on the data. On a 1-layer tiny target that
+gives about 0.5 held-out top-1 (0.8 is the lag's ceiling); on deeper targets it helps little.
 """
 
 import json
