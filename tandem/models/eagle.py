@@ -216,7 +216,9 @@ def load_eagle_head(
             f"EAGLE head hidden_size {config.hidden_size} does not match the target's {target.hidden_size}"
         )
     if config.vocab_size != target.vocab_size:
-        raise InvalidArgument(f"EAGLE head vocab_size {config.vocab_size} does not match the target's {target.vocab_size}")
+        raise InvalidArgument(
+            f"EAGLE head vocab_size {config.vocab_size} does not match the target's {target.vocab_size}"
+        )
     fc, fc_bias, layer = build_head_weights(config, state, dtype, device)
     embed, lm_head = _target_embeddings(target, Path(target_dir), dtype, device)
     inv_freq, scaling = _head_rope(Path(head_dir), raw)

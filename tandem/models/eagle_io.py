@@ -42,7 +42,7 @@ def read_eagle_checkpoint(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor]
     elif st_path.is_file():
         state = load_file(str(st_path))
     else:
-        raise InvalidArgument(f"EAGLE head folder {head_dir} has neither {WEIGHT_FILES['bin']} nor {WEIGHT_FILES['safetensors']}")
+        raise InvalidArgument(f"EAGLE head folder {head_dir} has neither {bin_path.name} nor {st_path.name}")
     return raw, state
 
 

@@ -13,8 +13,22 @@ from tandem.testing.eagle_train import train_tiny_eagle
 from tandem.testing.tiny import TINY_PROMPTS
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
+from tandem.testing.tiny import build_tiny_model
 from tests.services.harness import generate, start_services
-from tests.services.test_generate import NEW_TOKENS, greedy, reference, sampled  # noqa: F401
+from tests.services.test_generate import NEW_TOKENS, greedy, sampled, transformers_greedy
+
+# A 1-layer target: a 2-layer random one is too chaotic for a head trained in seconds to
+# predict (about 2% top-1), while this one gives a trained head about 50%.
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny1", seed=0, num_layers=1)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    return transformers_greedy(tiny_model)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +67,9 @@ def test_trained_head_greedy_equals_target_and_accepts(eagle, reference):
         assert ids == reference[prompt], prompt
         drafted += last.usage.draft_tokens
         accepted += last.usage.accepted_draft_tokens
-    assert drafted > 0 and accepted > 0
+    assert drafted > 0 and accepted / drafted > 0.2  # measured about 0.4 at k = 4
     stats = eagle.stub.Stats(pb.StatsRequest())
-    assert stats.speculation_active and stats.mean_accepted_length > 1.0
+    assert stats.speculation_active and stats.mean_accepted_length > 1.5
     assert len(stats.acceptance_by_position) == 4 and stats.acceptance_by_position[0] > 0
     assert eagle.wait_idle().sequences_live == 0
     draft = wait_draft_idle(eagle)

@@ -19,7 +19,11 @@ def greedy(max_tokens=NEW_TOKENS, **kw) -> pb.SamplingParams:
 
 @pytest.fixture(scope="module")
 def reference(tiny_model):
-    """transformers' own greedy generate on the same weights."""
+    return transformers_greedy(tiny_model)
+
+
+def transformers_greedy(tiny_model) -> dict[str, list[int]]:
+    """transformers' own greedy generate on the same weights, NEW_TOKENS past any eos."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model)
     outputs = {}
