@@ -3,6 +3,8 @@
 Both ends of the router <-> model service protocol use these: the one place that knows both.
 """
 
+import torch
+
 from tandem.errors import InvalidArgument
 from tandem.ops import (
     AddSequence,
@@ -222,9 +224,25 @@ def hidden_step_from_pb(m: pb.TargetToDraft, device="cpu") -> HiddenStep:
 
 
 def draft_probs_to_pb(d: DraftProbs) -> pb.DraftToTarget:
-    seqs = [pb.SeqDraftProbs(seq_id=s, probs=tensor_to_pb(p)) for s, p in d.probs.items()]
-    return pb.DraftToTarget(draft_step_id=d.draft_step_id, seqs=seqs)
+    return pb.DraftToTarget(draft_step_id=d.draft_step_id, seqs=[_probs_to_pb(s, p) for s, p in d.probs.items()])
+
+
+def _probs_to_pb(seq_id: int, probs) -> pb.SeqDraftProbs:
+    flat = probs.flatten()
+    index = flat.nonzero().flatten()
+    if 4 * len(index) >= len(flat):
+        return pb.SeqDraftProbs(seq_id=seq_id, probs=tensor_to_pb(probs))
+    return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), flat_index=index.tolist(), values=tensor_to_pb(flat[index]))
 
 
 def draft_probs_from_pb(m: pb.DraftToTarget, device="cpu") -> DraftProbs:
-    return DraftProbs(m.draft_step_id, {s.seq_id: tensor_from_pb(s.probs, device) for s in m.seqs})
+    return DraftProbs(m.draft_step_id, {s.seq_id: _probs_from_pb(s, device) for s in m.seqs})
+
+
+def _probs_from_pb(m: pb.SeqDraftProbs, device):
+    if m.HasField("probs"):
+        return tensor_from_pb(m.probs, device)
+    values = tensor_from_pb(m.values, device)
+    dense = torch.zeros(tuple(m.shape), dtype=values.dtype, device=device)
+    dense.view(-1)[torch.tensor(list(m.flat_index), dtype=torch.int64, device=device)] = values
+    return dense

@@ -1,0 +1,36 @@
+"""Round trips of the peer-stream tensors: dense, sparse draft probabilities, bf16."""
+
+import torch
+
+from tandem import codec
+from tandem.peer import DraftProbs, HiddenPairs, HiddenStep
+from tandem.tensors import tensor_from_pb, tensor_to_pb
+
+
+def test_tensor_round_trip_keeps_dtype_and_bits():
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.randn(3, 7).to(dtype)
+        y = tensor_from_pb(tensor_to_pb(x))
+        assert y.dtype == dtype and torch.equal(x, y)
+
+
+def test_draft_probs_sparse_when_truncated_dense_otherwise():
+    truncated = torch.zeros(2, 1000)
+    truncated[0, [3, 9]] = torch.tensor([0.25, 0.75])
+    truncated[1, 500] = 1.0
+    full = torch.softmax(torch.randn(2, 1000), -1)
+    message = codec.draft_probs_to_pb(DraftProbs(4, {1: truncated, 2: full}))
+    by_seq = {s.seq_id: s for s in message.seqs}
+    assert not by_seq[1].HasField("probs") and len(by_seq[1].flat_index) == 3
+    assert by_seq[2].HasField("probs")
+    back = codec.draft_probs_from_pb(message)
+    assert back.draft_step_id == 4
+    assert torch.equal(back.probs[1], truncated) and torch.equal(back.probs[2], full)
+    assert message.ByteSize() < 2 * 1000 * 4 + 200  # the sparse row costs bytes, not a vocabulary
+
+
+def test_hidden_step_round_trip():
+    step = HiddenStep(7, (HiddenPairs(3, 10, (5, 6), torch.randn(2, 8)),))
+    back = codec.hidden_step_from_pb(codec.hidden_step_to_pb(step))
+    assert back.step_id == 7 and back.seqs[0].start == 10 and back.seqs[0].tokens == (5, 6)
+    assert torch.equal(back.seqs[0].hidden, step.seqs[0].hidden)
