@@ -55,7 +55,7 @@ def test_bench_reduced_writes_results(tmp_path):
     import json
 
     report = json.loads((tmp_path / "plain-reduced-latest.json").read_text())
-    assert report["summary"]["greedy_outputs_identical"] == "4/4"
+    assert report["summary"]["greedy_outputs_identical_over_common_length"] == "4/4"
     assert report["tandem"]["1"]["tokens"] == 32 and report["transformers"]["2"]["tokens"] == 32
     assert report["machine"]["cores"] >= 1
 
