@@ -29,8 +29,9 @@ class AttentionBackend(ABC):
     """Plans a batch (metadata shared by all layers) and computes attention for one layer."""
 
     @abstractmethod
-    def plan(self, slices: list[SequenceSlice], sliding_window: int | None) -> object:
-        """Returns backend metadata for the batch; slices are in packed-token order."""
+    def plan(self, slices: list[SequenceSlice], sliding_window: int | None, page_size: int = 1) -> object:
+        """Returns backend metadata for the batch; slices are in packed-token order; page_size
+        is the cache's (a page's slots are contiguous)."""
 
     @abstractmethod
     def forward(

@@ -33,6 +33,6 @@ def append_batch(
         input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
         positions=torch.tensor(positions, dtype=torch.int64, device=device),
         slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        plan=backend.plan(slices, sliding_window),
+        plan=backend.plan(slices, sliding_window, cache.page_size),
     )
     return batch, first_rows
