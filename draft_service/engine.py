@@ -64,12 +64,14 @@ class DraftEngine:
     def draft(self, request: DraftRequest) -> DraftResult:
         with self._lock:
             started = time.perf_counter()
-            if request.seqs and not self.peer.connected:
+            if not self.peer.connected:
                 raise Unavailable(f"draft: no peer stream to the target at {self.peer.target_address}")
-            if request.seqs and not self.peer.wait_step(request.after_target_step, self.config.hidden_timeout_s):
+            # Ops-only calls wait too: a remove must not overtake its sequence's last hidden states.
+            if not self.peer.wait_step(request.after_target_step, self.config.hidden_timeout_s):
                 raise Unavailable(f"draft: hidden states of target step {request.after_target_step} never came")
             for op in request.ops:
                 self._apply(op)
+            self.peer.retain(set(self._seqs))
             tokens = self._draft(request) if request.seqs else {}
             self._steps += 1
             return DraftResult(request.draft_step_id, tokens, (time.perf_counter() - started) * 1e3)
@@ -96,8 +98,10 @@ class DraftEngine:
             seq.speculative = 0
         ready = {}  # seq_id -> (tokens, features) of the new real pairs
         for s in request.seqs:
+            if s.num_tokens <= 0:
+                continue  # its pairs stay buffered for a later call
             pairs = _contiguous(self.peer.take(s.seq_id), self.allocator.length(s.seq_id))
-            if pairs is not None and s.num_tokens > 0:
+            if pairs is not None:
                 ready[s.seq_id] = pairs
         tokens = {s.seq_id: () for s in request.seqs}
         if ready:

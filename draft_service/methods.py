@@ -8,9 +8,13 @@ from tandem.models.loader import parse_dtype
 
 
 def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str):
+    from tandem.models.config import ModelConfig
     from tandem.models.eagle import load_eagle_head
 
-    return load_eagle_head(model_dir, target_dir, dtype=parse_dtype(dtype), backend=TorchAttention(device), device=device)
+    # The head's rope table must span the target's context, whatever the head's config says.
+    positions = ModelConfig.from_folder(target_dir).max_position_embeddings
+    backend = TorchAttention(device)
+    return load_eagle_head(model_dir, target_dir, dtype=parse_dtype(dtype), backend=backend, device=device, max_positions=positions)
 
 
 DRAFT_METHODS = {"eagle": load_eagle}

@@ -57,8 +57,15 @@ class DraftPeer:
             self._pending.pop(seq_id, None)
 
     def clear(self) -> None:
+        """A fresh router (step ids go on from the target's last one: see Reset)."""
         with self._cond:
             self._pending.clear()
+
+    def retain(self, seq_ids: set[int]) -> None:
+        """Drops buffered pairs of sequences the draft does not hold (removed, or never added)."""
+        with self._cond:
+            for seq_id in [s for s in self._pending if s not in seq_ids]:
+                del self._pending[seq_id]
 
     def send_probs(self, probs: DraftProbs) -> None:
         out = self._outgoing
@@ -72,6 +79,8 @@ class DraftPeer:
             except (grpc.RpcError, grpc.FutureTimeoutError) as e:
                 if self._connected:
                     log.warning("draft: peer stream to %s lost: %s", self.target_address, e)
+            except Exception:  # the thread must live on, or speculation never comes back
+                log.exception("draft: peer stream failed")
             finally:
                 self._connected = False
             self._stop.wait(RECONNECT_S)
@@ -83,12 +92,8 @@ class DraftPeer:
             self._outgoing = out
             requests = iter(out.get, None)
             stream = engine_pb2_grpc.TargetEngineStub(channel).Peer(requests)
-            with self._cond:
-                self._connected = True
-                self._cond.notify_all()
-            log.info("draft: peer stream to %s open", self.target_address)
             try:
-                for message in stream:
+                for message in stream:  # the first one is the target's hello: attached
                     self._receive(codec.hidden_step_from_pb(message, self.device))
             finally:
                 self._outgoing = None
@@ -96,6 +101,9 @@ class DraftPeer:
 
     def _receive(self, step) -> None:
         with self._cond:
+            if not self._connected:
+                self._connected = True
+                log.info("draft: peer stream to %s open", self.target_address)
             for pairs in step.seqs:
                 self._pending.setdefault(pairs.seq_id, []).append(pairs)
             self._last_step = max(self._last_step, step.step_id)

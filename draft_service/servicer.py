@@ -16,6 +16,7 @@ class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
         return engine_pb2.DraftInfo(
             method=self.method, model=self.model, hidden_size=head.config.hidden_size,
             vocab_size=head.config.vocab_size, dtype=self.engine.config.dtype,
+            max_num_sequence=self.engine.config.max_num_sequence,
         )
 
     def Draft(self, request, context):

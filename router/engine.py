@@ -21,10 +21,11 @@ from router.speculation import Speculator
 from router.tokenizer import Tokenizer
 from tandem import codec
 from tandem.errors import TandemError, Unavailable
-from tandem.ops import EngineInfo, EntryKind, StepRequest
+from tandem.ops import EngineInfo, StepRequest
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
+RESET_RETRY_S = 1.0
 
 
 @dataclass(slots=True)
@@ -53,6 +54,7 @@ class RouterEngine:
         target: engine_pb2_grpc.TargetEngineStub,
         info: EngineInfo,
         speculator: Speculator | None = None,
+        first_step_id: int = 1,
     ):
         self.config = config
         self.tokenizer = tokenizer
@@ -73,7 +75,7 @@ class RouterEngine:
         self.kv_pages_free = info.kv_pages_total
         self._streams: dict[int, Stream] = {}
         self._seq_ids = itertools.count(1)
-        self._step_ids = itertools.count(1)
+        self._step_ids = itertools.count(first_step_id)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -86,9 +88,9 @@ class RouterEngine:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def submit(self, spec: GenerationSpec) -> Stream:
-        # A verify step appends k + 1 tokens before the rejected ones are popped.
-        spare = self.speculator.k + 1 if self.speculator and spec.speculate else 0
-        tokens = len(spec.prompt_ids) + spec.max_tokens + spare
+        # Drafts are capped by the tokens a request may still emit, so a verify step never holds
+        # more than prompt + max_tokens - 1 tokens of KV: no spare pages are needed.
+        tokens = len(spec.prompt_ids) + spec.max_tokens
         state = RequestState(spec=spec, seq_id=next(self._seq_ids), reserved_pages=self.scheduler.pages_for(tokens))
         self.scheduler.enqueue(state)  # raises ResourceExhausted before anything is kept
         stream = Stream(state, OutputProcessor(state, self.tokenizer.hf))
@@ -133,7 +135,7 @@ class RouterEngine:
     async def _speculate(self, plan: StepPlan) -> tuple[StepPlan, int]:
         for state in plan.admitted:
             self.speculator.admit(state)
-        plan, draft_step = await self.speculator.propose(plan, self._last_step)
+        plan, draft_step = await self.speculator.propose(plan, self._last_step, self.scheduler.running)
         return self.speculator.mark_hidden(plan), draft_step
 
     async def _step(self, plan: StepPlan, draft_step: int = 0):
@@ -154,12 +156,9 @@ class RouterEngine:
         self.kv_pages_free = result.kv_pages_free
         by_seq = {r.seq_id: r for r in result.results}
         for entry, state in zip(plan.entries, plan.requests):
+            accepted = by_seq[state.seq_id].num_accepted
             if entry.num_draft_tokens:
-                state.draft_tokens += entry.num_draft_tokens
-                state.accepted_draft_tokens += by_seq[state.seq_id].num_accepted
-                self.speculator.stats.record(entry.num_draft_tokens, by_seq[state.seq_id].num_accepted)
-            elif entry.kind is EntryKind.DECODE and state.draft_live:
-                self.speculator.stats.record(0, 0)
+                self.speculator.stats.record(entry.num_draft_tokens, accepted)
             stream = self._streams.get(state.seq_id)
             if stream is None or state.finished:
                 continue  # cancelled while the step ran
@@ -167,6 +166,9 @@ class RouterEngine:
             if not tokens:
                 continue  # a prefill chunk with prompt left
             delta = stream.output.process(tokens)
+            # Usage counts what the client got: drafts after a stop are not accepted tokens.
+            state.draft_tokens += entry.num_draft_tokens
+            state.accepted_draft_tokens += min(accepted, len(delta.tokens))
             stream.queue.put_nowait(delta)
             if state.finished:
                 self._finish(stream)
@@ -187,10 +189,22 @@ class RouterEngine:
                 self._finish(stream)
 
     async def _reset_target(self) -> None:
-        try:
-            await self.target.Reset(engine_pb2.ResetRequest(), timeout=self.config.step_timeout_s)
-        except grpc.aio.AioRpcError as e:
-            log.warning("target reset failed: %s", e.details())
+        """Until the target has dropped every sequence, nothing new is scheduled: a target that
+        stays down fails the requests that wait (UNAVAILABLE) rather than leaking them."""
+        while True:
+            try:
+                await self.target.Reset(engine_pb2.ResetRequest(), timeout=self.config.step_timeout_s)
+                return
+            except grpc.aio.AioRpcError as e:
+                log.warning("target reset failed: %s; retrying", e.details())
+                error = Unavailable(f"target service unavailable: {e.details()}")
+                for state in list(self.scheduler.waiting):
+                    stream = self._streams.get(state.seq_id)
+                    if stream:
+                        stream.queue.put_nowait(error)
+                        stream.output.cancel()
+                        self._finish(stream)
+                await asyncio.sleep(RESET_RETRY_S)
 
 
 def _as_error(e: grpc.aio.AioRpcError) -> TandemError:

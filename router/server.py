@@ -28,19 +28,19 @@ async def connect_target(config: RouterConfig):
         await channel.close()
         raise RuntimeError(f"router: target at {config.target_address} not reachable: {e.details()}") from e
     # A router that starts fresh owns no sequences: drop whatever a previous one left.
-    await stub.Reset(engine_pb2.ResetRequest(), timeout=config.connect_timeout_s)
-    return channel, stub, codec.info_from_pb(info)
+    stats = await stub.Reset(engine_pb2.ResetRequest(), timeout=config.connect_timeout_s)
+    return channel, stub, codec.info_from_pb(info), stats.last_step_id
 
 
 async def start_router(config: RouterConfig):
     """Starts the router; returns (server, engine, health, channel, bound port)."""
-    channel, stub, info = await connect_target(config)
+    channel, stub, info, last_step = await connect_target(config)
     speculator = None
     if config.draft_address:
         draft_channel = grpc.aio.insecure_channel(config.draft_address, options=CHANNEL_OPTIONS)
         speculator = Speculator(draft_channel, config.spec_draft_length, config.draft_timeout_s)
         await speculator.connect(config.connect_timeout_s)
-    engine = RouterEngine(config, Tokenizer(config.model_dir), stub, info, speculator)
+    engine = RouterEngine(config, Tokenizer(config.model_dir), stub, info, speculator, first_step_id=last_step + 1)
     engine.start()
     server = grpc.aio.server(interceptors=[AioErrorInterceptor()], options=SERVER_OPTIONS)
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)

@@ -64,6 +64,8 @@ class Speculator:
         self.healthy = True
         self.stats = SpecStats()
         self._ops: list[SequenceOp] = []
+        self.max_sequences = 0  # the draft's own limit, from its Info
+        self._live = 0  # sequences the draft holds
         self._draft_ids = itertools.count(1)
         self._probe: asyncio.Task | None = None
 
@@ -72,6 +74,8 @@ class Speculator:
         left; if it does not come, serve plain and keep probing."""
         try:
             await self.stub.Reset(engine_pb2.ResetRequest(), wait_for_ready=True, timeout=timeout_s)
+            info = await self.stub.Info(engine_pb2.InfoRequest(), timeout=timeout_s)
+            self.max_sequences = info.max_num_sequence
         except grpc.aio.AioRpcError as e:
             self._down_since_start(f"{e.code().name}: {e.details()}")
 
@@ -82,15 +86,18 @@ class Speculator:
 
     def admit(self, state: RequestState) -> bool:
         """Called when a request is admitted; True when it will speculate."""
-        if not (self.healthy and state.spec.speculate):
-            return False
+        if not (self.healthy and state.spec.speculate) or self._live >= self.max_sequences:
+            return False  # served plain: a full draft must not turn speculation off for all
         self._ops.append(AddSequence(state.seq_id, state.spec.sampler))
         state.draft_live = True
+        self._live += 1
         return True
 
     def release(self, state: RequestState) -> None:
-        if state.draft_live and self.healthy:
-            self._ops.append(RemoveSequence(state.seq_id))
+        if state.draft_live:
+            self._live -= 1
+            if self.healthy:
+                self._ops.append(RemoveSequence(state.seq_id))
         state.draft_live = False
 
     def mark_hidden(self, plan: StepPlan) -> StepPlan:
@@ -100,7 +107,7 @@ class Speculator:
         )
         return dataclasses.replace(plan, entries=entries)
 
-    async def propose(self, plan: StepPlan, after_step: int) -> tuple[StepPlan, int]:
+    async def propose(self, plan: StepPlan, after_step: int, running) -> tuple[StepPlan, int]:
         """Drafts for each speculating decode entry; returns the plan with verify entries and the
         draft step id (0 when nothing was drafted)."""
         wanted = [
@@ -119,7 +126,7 @@ class Speculator:
         try:
             response = await self.stub.Draft(codec.draft_request_to_pb(request), timeout=self.timeout_s)
         except grpc.aio.AioRpcError as e:
-            self._down(plan, f"{e.code().name}: {e.details()}")
+            self._down(running, f"{e.code().name}: {e.details()}")
             return plan, 0
         drafts = codec.draft_result_from_pb(response).tokens
         for e, r in wanted:
@@ -137,12 +144,13 @@ class Speculator:
         """Drafts worth verifying: no more than the tokens the request may still emit, minus one."""
         return state.spec.max_tokens - len(state.output_ids) - 1
 
-    def _down(self, plan: StepPlan, why: str) -> None:
+    def _down(self, running, why: str) -> None:
         log.warning("draft service failed (%s): serving without speculation until it is healthy", why)
         self.healthy = False
         self.stats.draft_failures += 1
         self._ops = []
-        for r in plan.requests:
+        self._live = 0
+        for r in running:
             r.draft_live = False
         self._probe = asyncio.get_running_loop().create_task(self._wait_healthy())
 
@@ -154,6 +162,8 @@ class Speculator:
                 check = await self.health.Check(health_pb2.HealthCheckRequest(), timeout=self.probe_s)
                 if check.status == health_pb2.HealthCheckResponse.SERVING:
                     await self.stub.Reset(engine_pb2.ResetRequest(), timeout=self.timeout_s)
+                    info = await self.stub.Info(engine_pb2.InfoRequest(), timeout=self.timeout_s)
+                    self.max_sequences = info.max_num_sequence
                     self.healthy = True
                     log.info("draft service healthy again: new requests speculate")
                     return

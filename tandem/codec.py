@@ -164,7 +164,7 @@ def info_from_pb(m: pb.EngineInfo) -> EngineInfo:
     return EngineInfo(**{f: getattr(m, f) for f in EngineInfo.__dataclass_fields__})
 
 
-_STATS_FIELDS = ("kv_pages_total", "kv_pages_free", "sequences_live", "steps_total", "tokens_total")
+_STATS_FIELDS = ("kv_pages_total", "kv_pages_free", "sequences_live", "steps_total", "tokens_total", "last_step_id")
 
 
 def stats_to_pb(s: EngineStats) -> pb.EngineStats:

@@ -104,6 +104,7 @@ class EngineStats:
     sequences_live: int
     steps_total: int = 0
     tokens_total: int = 0
+    last_step_id: int = 0
     extra: dict = field(default_factory=dict)
 
 

@@ -64,6 +64,10 @@ class TargetPeer:
                 self._out = None
             self._cond.notify_all()
 
+    def clear_probs(self) -> None:
+        with self._cond:
+            self._probs.clear()
+
     def send(self, step: HiddenStep) -> None:
         out = self._out
         if out is not None:

@@ -22,7 +22,7 @@ class TargetConfig:
     num_threads: int = 0  # 0: torch's default
     # How long a verify step waits for the draft's probabilities before verifying without them
     # (which accepts no sampled draft: a plain step, still lossless).
-    draft_probs_timeout_s: float = 5.0
+    draft_probs_timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.kv_page_size <= 0:

@@ -68,6 +68,7 @@ class TargetEngine:
         self._carry: dict[int, torch.Tensor] = {}  # hidden of a chunk's last position, awaiting its next token
         self._tokens: dict[int, list[int]] = {}  # every token in each sequence's KV, in order
         self._lock = threading.Lock()
+        self.last_step_id = 0
         self._steps = 0
         self._tokens_run = 0
 
@@ -96,6 +97,7 @@ class TargetEngine:
             sequences_live=self.allocator.num_sequences,
             steps_total=self._steps,
             tokens_total=self._tokens_run,
+            last_step_id=self.last_step_id,
         )
 
     def reset(self) -> EngineStats:
@@ -104,6 +106,7 @@ class TargetEngine:
             self._samplers.clear()
             self._tokens.clear()
             self._carry.clear()
+            self.peer.clear_probs()  # a fresh router numbers its draft steps from 1 again
         return self.stats()
 
     def step(self, request: StepRequest) -> StepResult:
@@ -115,6 +118,7 @@ class TargetEngine:
             if not request.entries:
                 self.peer.send(HiddenStep(request.step_id, ()))
             self._steps += 1
+            self.last_step_id = request.step_id
             return StepResult(
                 step_id=request.step_id,
                 results=results,
@@ -231,6 +235,8 @@ class TargetEngine:
         """Streams (hidden state, next token) pairs of every accepted position to the draft.
         A chunk's last position waits for its next token (the next chunk's first) in a carry."""
         if not self.peer.connected:
+            for e in entries:  # their pairs are lost; a stale carry would pair wrongly later
+                self._carry.pop(e.seq_id, None)
             return
         pairs = []
         for e in entries:

@@ -7,7 +7,7 @@ import threading
 import grpc
 
 from tandem import codec
-from tandem.peer import TargetPeer
+from tandem.peer import HiddenStep, TargetPeer
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 from target_service.engine import TargetEngine
 
@@ -33,6 +33,7 @@ class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
         """The draft's stream: hidden states out, draft probabilities in (on a reader thread)."""
         peer = self.engine.peer
         out = peer.attach()
+        out.put(HiddenStep(self.engine.last_step_id, ()))  # hello: steps up to here are past
         logging.getLogger(__name__).info("target: draft peer connected")
         threading.Thread(target=_read_probs, args=(peer, request_iterator, out), daemon=True).start()
         try:

@@ -60,18 +60,20 @@ class DraftToTarget(_message.Message):
     def __init__(self, draft_step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqDraftProbs, _Mapping]]] = ...) -> None: ...
 
 class DraftInfo(_message.Message):
-    __slots__ = ("method", "model", "hidden_size", "vocab_size", "dtype")
+    __slots__ = ("method", "model", "hidden_size", "vocab_size", "dtype", "max_num_sequence")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     method: str
     model: str
     hidden_size: int
     vocab_size: int
     dtype: str
-    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
+    max_num_sequence: int
+    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., dtype: _Optional[str] = ..., max_num_sequence: _Optional[int] = ...) -> None: ...
 
 class DraftSeq(_message.Message):
     __slots__ = ("seq_id", "num_tokens")
@@ -295,18 +297,20 @@ class EngineStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("kv_pages_total", "kv_pages_free", "sequences_live", "steps_total", "tokens_total")
+    __slots__ = ("kv_pages_total", "kv_pages_free", "sequences_live", "steps_total", "tokens_total", "last_step_id")
     KV_PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     KV_PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_LIVE_FIELD_NUMBER: _ClassVar[int]
     STEPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     kv_pages_total: int
     kv_pages_free: int
     sequences_live: int
     steps_total: int
     tokens_total: int
-    def __init__(self, kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., sequences_live: _Optional[int] = ..., steps_total: _Optional[int] = ..., tokens_total: _Optional[int] = ...) -> None: ...
+    last_step_id: int
+    def __init__(self, kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., sequences_live: _Optional[int] = ..., steps_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., last_step_id: _Optional[int] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ()
