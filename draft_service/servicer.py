@@ -1,5 +1,7 @@
 """The DraftEngine gRPC servicer: protobuf in, engine call, protobuf out."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 from draft_service.engine import DraftEngine
 from tandem import codec
 from tandem.v1 import engine_pb2, engine_pb2_grpc
@@ -8,6 +10,8 @@ from tandem.v1 import engine_pb2, engine_pb2_grpc
 class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
     def __init__(self, engine: DraftEngine, method: str, model: str):
         self.engine = engine
+        # One compute thread, as the target's servicer does (one OpenMP team).
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft-compute")
         self.method = method
         self.model = model
 
@@ -20,7 +24,8 @@ class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
         )
 
     def Draft(self, request, context):
-        return codec.draft_result_to_pb(self.engine.draft(codec.draft_request_from_pb(request)))
+        request = codec.draft_request_from_pb(request)
+        return codec.draft_result_to_pb(self._compute.submit(self.engine.draft, request).result())
 
     def Stats(self, request, context):
         return codec.stats_to_pb(self.engine.stats())

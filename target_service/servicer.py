@@ -3,6 +3,7 @@
 import logging
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
@@ -15,12 +16,15 @@ from target_service.engine import TargetEngine
 class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
     def __init__(self, engine: TargetEngine):
         self.engine = engine
+        # Every forward pass on one thread: OpenMP keeps a thread team per calling thread, and
+        # steps hopping across gRPC's workers would leave several teams spinning on 2 cores.
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="target-compute")
 
     def Info(self, request, context):
         return codec.info_to_pb(self.engine.info())
 
     def Step(self, request, context):
-        result = self.engine.step(codec.step_request_from_pb(request))
+        result = self._compute.submit(self.engine.step, codec.step_request_from_pb(request)).result()
         return codec.step_result_to_pb(result)
 
     def Stats(self, request, context):
