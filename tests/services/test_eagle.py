@@ -15,7 +15,7 @@ from tandem.v1 import engine_pb2, engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
 from tandem.testing.tiny import build_tiny_model
 from tests.services.harness import generate, start_services
-from tests.services.test_generate import NEW_TOKENS, greedy, sampled, transformers_greedy
+from tests.services.test_generate import greedy, sampled, transformers_greedy
 
 # A 1-layer target: a 2-layer random one is too chaotic for a head trained in seconds to
 # predict (about 2% top-1), while this one gives a trained head about 50%.
