@@ -28,7 +28,8 @@ def start_draft(config: DraftConfig):
     if not peer.wait_connected(config.hidden_timeout_s * 6):
         raise RuntimeError(f"draft: no peer stream to the target at {config.target_address}")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
-    engine_pb2_grpc.add_DraftEngineServicer_to_server(DraftServicer(engine, config.method, config.model_dir.name), server)
+    servicer = DraftServicer(engine, config.method, config.model_dir.name, config.num_threads or torch.get_num_threads())
+    engine_pb2_grpc.add_DraftEngineServicer_to_server(servicer, server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:

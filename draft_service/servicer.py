@@ -1,17 +1,15 @@
 """The DraftEngine gRPC servicer: protobuf in, engine call, protobuf out."""
 
-from concurrent.futures import ThreadPoolExecutor
-
 from draft_service.engine import DraftEngine
+from target_service.servicer import compute_thread
 from tandem import codec
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 
 class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
-    def __init__(self, engine: DraftEngine, method: str, model: str):
+    def __init__(self, engine: DraftEngine, method: str, model: str, threads: int):
         self.engine = engine
-        # One compute thread, as the target's servicer does (one OpenMP team).
-        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft-compute")
+        self._compute = compute_thread("draft-compute", threads)
         self.method = method
         self.model = model
 

@@ -25,7 +25,8 @@ def start_target(config: TargetConfig, engine: TargetEngine | None = None):
         interceptors=[ErrorInterceptor()],
         options=SERVER_OPTIONS,
     )
-    engine_pb2_grpc.add_TargetEngineServicer_to_server(TargetServicer(engine), server)
+    threads = config.num_threads or torch.get_num_threads()
+    engine_pb2_grpc.add_TargetEngineServicer_to_server(TargetServicer(engine, threads), server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
