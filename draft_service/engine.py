@@ -111,7 +111,7 @@ class DraftEngine:
 
     def _chains(self, ready: dict, k: dict[int, int], draft_step_id: int) -> dict[int, tuple[int, ...]]:
         seq_ids = list(ready)
-        features = self._forward([(s, ready[s][0], ready[s][1]) for s in seq_ids], last_only=True)
+        features = self._forward([(s, ready[s][0], ready[s][1]) for s in seq_ids])
         drafts = {s: [] for s in seq_ids}
         probs = {s: [] for s in seq_ids}
         active = seq_ids
@@ -129,21 +129,19 @@ class DraftEngine:
             feeds = [(s, [drafts[s][-1]], features[i : i + 1]) for i, s in zip(keep, active)]
             for s in active:
                 self._seqs[s].speculative += 1
-            features = self._forward(feeds, last_only=True)
+            features = self._forward(feeds)
         sampled = {s: torch.stack(p) for s, p in probs.items() if p}
         if sampled:
             self.peer.send_probs(DraftProbs(draft_step_id, sampled))
         return {s: tuple(d) for s, d in drafts.items()}
 
-    def _forward(self, items, last_only: bool) -> torch.Tensor:
-        """items: (seq_id, tokens, features [n, D]); returns predicted features, [S, D] (the
-        last of each item) when last_only."""
+    def _forward(self, items) -> torch.Tensor:
+        """items: (seq_id, tokens, features [n, D]); returns the predicted feature of each
+        item's last pair, [S, D]."""
         batch, first_rows = append_batch(self.cache, self.head.backend, [(s, t) for s, t, _ in items], None, self.device)
         feats = torch.cat([f.to(self.head.dtype) for _, _, f in items])
         out = self.head.forward(batch.input_ids, feats, batch, self.cache)
         self._tokens_run += len(feats)
-        if not last_only:
-            return out
         last = torch.tensor([first_rows[s] + len(t) - 1 for s, t, _ in items], device=self.device)
         return out[last]
 

@@ -3,7 +3,7 @@ validation that names the offending field. The only router module that imports g
 
 import uuid
 
-from router.request import Delta, FinishReason, GenerationSpec
+from router.request import Delta, GenerationSpec
 from router.tokenizer import Tokenizer
 from tandem.errors import InvalidArgument
 from tandem.sampling.params import SamplingParams
@@ -112,5 +112,3 @@ def usage_to_pb(state) -> pb.Usage:
         accepted_draft_tokens=state.accepted_draft_tokens,
     )
 
-
-__all__ = ["FinishReason", "delta_to_pb", "prompt_ids", "spec_from_pb", "usage_to_pb"]

@@ -15,7 +15,7 @@ import grpc
 
 from router.config import RouterConfig
 from router.output import OutputProcessor
-from router.request import Delta, GenerationSpec, RequestState
+from router.request import GenerationSpec, RequestState
 from router.scheduler import Scheduler, SchedulerLimits, StepPlan
 from router.speculation import Speculator
 from router.tokenizer import Tokenizer
@@ -213,5 +213,3 @@ def _as_error(e: grpc.aio.AioRpcError) -> TandemError:
         return Unavailable(f"target service unavailable: {e.details()}")
     return TandemError(f"target service failed a step: {code.name}: {e.details()}")
 
-
-__all__ = ["Delta", "RouterEngine", "Stream"]

@@ -3,7 +3,7 @@
 The router names every sequence and sends these; the model services execute them in order.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 from tandem.sampling.params import SamplingParams
@@ -105,7 +105,6 @@ class EngineStats:
     steps_total: int = 0
     tokens_total: int = 0
     last_step_id: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
