@@ -12,9 +12,13 @@ class RouterConfig:
     target_address: str = "127.0.0.1:50052"
     host: str = "127.0.0.1"
     port: int = 50051
-    # 0: take the target's limit.
+    # Engine limits (router.limits.EngineLimits documents each); 0: take the target's.
     max_num_sequence: int = 0
+    max_total_sequence_length: int = 0
+    kv_page_size: int = 0  # must equal the target's when set
     prefill_chunk_size: int = 512
+    # Finished sequences the prefix cache keeps (-1: as many as sequence slots allow, 0: off).
+    prefix_cache_max_num_recycling_seqs: int = -1
     max_waiting: int = 1024
     # max_tokens when a request leaves it unset (clipped to the rest of the context).
     default_max_tokens: int = 1024

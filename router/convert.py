@@ -3,11 +3,13 @@ validation that names the offending field. The only router module that imports g
 
 import uuid
 
-from router.request import Delta, GenerationSpec
+from router.request import Delta, GenerationSpec, Request
 from router.tokenizer import Tokenizer
 from tandem.errors import InvalidArgument
 from tandem.sampling.params import SamplingParams
 from tandem.v1 import generate_pb2 as pb
+
+MAX_N = 64  # choices per request
 
 
 def prompt_ids(request, tokenizer: Tokenizer, vocab_size: int) -> list[int]:
@@ -62,8 +64,9 @@ def spec_from_pb(
     room = max_context - len(ids)
     if room < 1:
         raise InvalidArgument(f"prompt has {len(ids)} tokens; the context holds {max_context} (prompt + at least 1)")
-    if p.HasField("n") and p.n != 1:
-        raise InvalidArgument(f"params.n = {p.n}: only n = 1 is served so far")
+    n = p.n if p.HasField("n") else 1
+    if not 1 <= n <= MAX_N:
+        raise InvalidArgument(f"params.n = {n}: must be in [1, {MAX_N}]")
     max_tokens = p.max_tokens if p.HasField("max_tokens") else min(default_max_tokens, room)
     if max_tokens < 1:
         raise InvalidArgument("params.max_tokens = 0: must be at least 1")
@@ -87,12 +90,13 @@ def spec_from_pb(
         stop=tuple(p.stop),
         stop_token_ids=frozenset(stop_ids),
         speculate=p.speculate if p.HasField("speculate") else True,
+        n=n,
     )
 
 
 def delta_to_pb(request_id: str, delta: Delta, tokenizer: Tokenizer, want_logprobs: bool) -> pb.GenerateResponse:
     choice = pb.Choice(
-        index=0,
+        index=delta.index,
         text=delta.text,
         token_ids=[t.token_id for t in delta.tokens],
         finish_reason=delta.finish_reason.value if delta.finish_reason else "",
@@ -104,11 +108,13 @@ def delta_to_pb(request_id: str, delta: Delta, tokenizer: Tokenizer, want_logpro
     return pb.GenerateResponse(request_id=request_id, choices=[choice])
 
 
-def usage_to_pb(state) -> pb.Usage:
+def usage_to_pb(request: Request) -> pb.Usage:
+    """Totals over the request's choices; the prompt counts once."""
     return pb.Usage(
-        prompt_tokens=len(state.spec.prompt_ids),
-        completion_tokens=len(state.output_ids),
-        draft_tokens=state.draft_tokens,
-        accepted_draft_tokens=state.accepted_draft_tokens,
+        prompt_tokens=len(request.spec.prompt_ids),
+        completion_tokens=sum(len(s.output_ids) for s in request.choices),
+        cached_prompt_tokens=request.cached_prompt_tokens,
+        draft_tokens=sum(s.draft_tokens for s in request.choices),
+        accepted_draft_tokens=sum(s.accepted_draft_tokens for s in request.choices),
     )
 

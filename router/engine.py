@@ -1,22 +1,24 @@
-"""The router's engine loop: schedule -> run on the target -> postprocess, one step in flight.
+"""The router's engine loop: schedule -> draft -> run on the target -> postprocess, one step
+in flight.
 
-Every request gets a Stream: its state, its output processor and a queue of deltas that the
-Generate handler drains. The loop and the handlers share one asyncio event loop, so state is
-only ever touched from one thread.
+Every request is a tree of sequences (router.request) with a queue of deltas that the Generate
+handler drains. The loop and the handlers share one asyncio event loop, so state is only ever
+touched from one thread.
 """
 
 import asyncio
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
 from router.config import RouterConfig
+from router.limits import resolve_limits
 from router.output import OutputProcessor
-from router.request import GenerationSpec, RequestState
-from router.scheduler import Scheduler, SchedulerLimits, StepPlan
+from router.request import GenerationSpec, Request, new_request
+from router.scheduler import Scheduler, StepPlan
 from router.speculation import Speculator
 from router.tokenizer import Tokenizer
 from tandem import codec
@@ -29,16 +31,10 @@ RESET_RETRY_S = 1.0
 
 
 @dataclass(slots=True)
-class Stream:
-    state: RequestState
-    output: OutputProcessor
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # Delta | TandemError
-
-
-@dataclass(slots=True)
 class Counters:
     requests_total: int = 0
     prompt_tokens_total: int = 0
+    cached_prompt_tokens_total: int = 0
     completion_tokens_total: int = 0
     steps_total: int = 0
     step_errors_total: int = 0
@@ -55,26 +51,21 @@ class RouterEngine:
         info: EngineInfo,
         speculator: Speculator | None = None,
         first_step_id: int = 1,
+        draft_max_num_sequence: int | None = None,
     ):
         self.config = config
         self.tokenizer = tokenizer
         self.target = target
         self.info = info
-        self.scheduler = Scheduler(
-            SchedulerLimits(
-                max_num_sequence=min(config.max_num_sequence or info.max_num_sequence, info.max_num_sequence),
-                prefill_chunk_size=config.prefill_chunk_size,
-                kv_pages_total=info.kv_pages_total,
-                kv_page_size=info.kv_page_size,
-                max_waiting=config.max_waiting,
-            )
-        )
-        self.counters = Counters()
+        self.limits = resolve_limits(config, info, draft_max_num_sequence if speculator else None)
         self.speculator = speculator
+        self.scheduler = Scheduler(self.limits, speculator.wants if speculator else None)
+        if speculator:
+            speculator.on_down = self.scheduler.draft_lost
+        self.counters = Counters()
         self._last_step = 0  # the last target step that completed
         self.kv_pages_free = info.kv_pages_total
-        self._streams: dict[int, Stream] = {}
-        self._seq_ids = itertools.count(1)
+        self._requests: list[Request] = []
         self._step_ids = itertools.count(first_step_id)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -87,43 +78,48 @@ class RouterEngine:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def submit(self, spec: GenerationSpec) -> Stream:
-        # Drafts are capped by the tokens a request may still emit, so a verify step never holds
-        # more than prompt + max_tokens - 1 tokens of KV: no spare pages are needed.
-        tokens = len(spec.prompt_ids) + spec.max_tokens
-        state = RequestState(spec=spec, seq_id=next(self._seq_ids), reserved_pages=self.scheduler.pages_for(tokens))
-        self.scheduler.enqueue(state)  # raises ResourceExhausted before anything is kept
-        stream = Stream(state, OutputProcessor(state, self.tokenizer.hf))
-        self._streams[state.seq_id] = stream
+    def submit(self, spec: GenerationSpec) -> Request:
+        request = new_request(spec, self.scheduler.new_seq_id)
+        self.scheduler.enqueue(request)  # raises ResourceExhausted before anything is kept
+        for seq in request.choices:
+            seq.output = OutputProcessor(seq, self.tokenizer.hf)
+        self._requests.append(request)
         self.counters.requests_total += 1
         self.counters.prompt_tokens_total += len(spec.prompt_ids)
         self._wake.set()
-        return stream
+        return request
 
-    def cancel(self, stream: Stream) -> None:
-        """The client went away: free its sequence at the next step."""
-        if not stream.state.finished:
-            stream.output.cancel()
-        self._finish(stream)
+    def cancel(self, request: Request) -> None:
+        """The client went away: its sequences are removed with the next step."""
+        for seq in request.choices:
+            if not seq.finished:
+                seq.output.cancel()
+        self.scheduler.release(request)
+        self._retire(request)
 
-    def _finish(self, stream: Stream) -> None:
-        self.scheduler.release(stream.state)
-        if self.speculator:
-            self.speculator.release(stream.state)
-        self._streams.pop(stream.state.seq_id, None)
-        self.counters.completion_tokens_total += len(stream.state.output_ids)
+    def flush_prefix_cache(self) -> None:
+        """Evicts every recycled sequence (tests use it to check that nothing else is held)."""
+        self.scheduler.flush_prefix_cache()
+        self._wake.set()
+
+    def _retire(self, request: Request) -> None:
+        if request in self._requests:
+            self._requests.remove(request)
+            self.counters.completion_tokens_total += sum(len(s.output_ids) for s in request.choices)
+            self.counters.cached_prompt_tokens_total += request.cached_prompt_tokens
         self._wake.set()
 
     async def _loop(self) -> None:
         while True:
             plan = self.scheduler.schedule()
-            if plan.empty:
+            if plan.empty and not plan.draft_ops:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             draft_step = 0
             if self.speculator:
                 plan, draft_step = await self._speculate(plan)
+            self.scheduler.commit(plan)
             try:
                 result = await self._step(plan, draft_step)
             except TandemError as e:
@@ -133,9 +129,9 @@ class RouterEngine:
             self._postprocess(plan, result)
 
     async def _speculate(self, plan: StepPlan) -> tuple[StepPlan, int]:
-        for state in plan.admitted:
-            self.speculator.admit(state)
-        plan, draft_step = await self.speculator.propose(plan, self._last_step, self.scheduler.running)
+        plan, draft_step, unserved = await self.speculator.propose(plan, self._last_step)
+        for seq in unserved:
+            self.scheduler.stop_speculating(seq)
         return self.speculator.mark_hidden(plan), draft_step
 
     async def _step(self, plan: StepPlan, draft_step: int = 0):
@@ -155,38 +151,35 @@ class RouterEngine:
     def _postprocess(self, plan: StepPlan, result) -> None:
         self.kv_pages_free = result.kv_pages_free
         by_seq = {r.seq_id: r for r in result.results}
-        for entry, state in zip(plan.entries, plan.requests):
-            accepted = by_seq[state.seq_id].num_accepted
+        for entry, seq in zip(plan.entries, plan.seqs):
+            outcome = by_seq[entry.seq_id]
             if entry.num_draft_tokens:
-                self.speculator.stats.record(entry.num_draft_tokens, accepted)
-            stream = self._streams.get(state.seq_id)
-            if stream is None or state.finished:
-                continue  # cancelled while the step ran
-            tokens = by_seq[state.seq_id].tokens
-            if not tokens:
-                continue  # a prefill chunk with prompt left
-            delta = stream.output.process(tokens)
+                self.speculator.stats.record(entry.num_draft_tokens, outcome.num_accepted)
+            self.scheduler.on_result(seq, entry, outcome)
+            if seq.finished or not outcome.tokens or seq.output is None:
+                continue  # cancelled while the step ran, a chunk with prompt left, a parent
+            delta = seq.output.process(outcome.tokens)
             # Usage counts what the client got: drafts after a stop are not accepted tokens.
-            state.draft_tokens += entry.num_draft_tokens
-            state.accepted_draft_tokens += min(accepted, len(delta.tokens))
-            stream.queue.put_nowait(delta)
-            if state.finished:
-                self._finish(stream)
+            seq.draft_tokens += entry.num_draft_tokens
+            seq.accepted_draft_tokens += min(outcome.num_accepted, len(delta.tokens))
+            seq.request.queue.put_nowait(delta)
+            if seq.finished:
+                self.scheduler.finish(seq)
+                if seq.request.finished:
+                    self._retire(seq.request)
 
     def _fail_running(self, error: TandemError) -> None:
-        """A failed step leaves the target's state unknown: fail every running request and
-        start the target afresh; waiting requests are unaffected."""
-        log.error("step failed: %s; failing %d running requests", error, len(self.scheduler.running))
+        """A failed step leaves the target's state unknown: fail every request it ran and start
+        the target afresh (recycled sequences go too); waiting requests are unaffected."""
+        log.error("step failed: %s; failing %d running requests", error, len(self._running_requests()))
         self.counters.step_errors_total += 1
-        for state in list(self.scheduler.running):
-            stream = self._streams.get(state.seq_id)
-            state.live = False  # Reset drops it; no remove op needed
-            if self.speculator:
-                self.speculator.release(state)
-            if stream:
-                stream.queue.put_nowait(error)
-                state.finish_reason = state.finish_reason or stream.output.cancel().finish_reason
-                self._finish(stream)
+        for request in self._running_requests():
+            request.queue.put_nowait(error)
+            self.cancel(request)
+        self.scheduler.reset()
+
+    def _running_requests(self) -> list[Request]:
+        return [r for r in self._requests if any(s.live for s in (r.parent, *r.choices) if s is not None)]
 
     async def _reset_target(self) -> None:
         """Until the target has dropped every sequence, nothing new is scheduled: a target that
@@ -198,12 +191,10 @@ class RouterEngine:
             except grpc.aio.AioRpcError as e:
                 log.warning("target reset failed: %s; retrying", e.details())
                 error = Unavailable(f"target service unavailable: {e.details()}")
-                for state in list(self.scheduler.waiting):
-                    stream = self._streams.get(state.seq_id)
-                    if stream:
-                        stream.queue.put_nowait(error)
-                        stream.output.cancel()
-                        self._finish(stream)
+                for request in list(self._requests):
+                    request.queue.put_nowait(error)
+                    self.cancel(request)
+                self.scheduler.reset()
                 await asyncio.sleep(RESET_RETRY_S)
 
 

@@ -4,15 +4,16 @@ token ids, stop strings and max_tokens. Pure: no gRPC, no asyncio."""
 from collections.abc import Sequence
 
 from router.detokenizer import IncrementalDetokenizer
-from router.request import Delta, FinishReason, RequestState, TokenOut
+from router.request import Delta, FinishReason, TokenOut
+from router.request import Sequence as RequestSeq
 from router.stops import StopStringMatcher
 from tandem.ops import SampledToken
 
 
 class OutputProcessor:
-    """One per request; owns its detokenizer and stop-string matcher."""
+    """One per choice (a sequence that samples); owns its detokenizer and stop-string matcher."""
 
-    def __init__(self, state: RequestState, hf_tokenizer):
+    def __init__(self, state: RequestSeq, hf_tokenizer):
         self.state = state
         self._detok = IncrementalDetokenizer(hf_tokenizer, state.spec.prompt_ids)
         self._stops = StopStringMatcher(state.spec.stop)
@@ -41,11 +42,11 @@ class OutputProcessor:
             text.append(self._drain())
         elif tokens:
             state.pending_token = tokens[-1].token_id
-        return Delta("".join(text), tuple(tokens), state.finish_reason)
+        return Delta("".join(text), tuple(tokens), state.finish_reason, state.index)
 
     def cancel(self) -> Delta:
         self.state.finish_reason = FinishReason.CANCELLED
-        return Delta("", (), FinishReason.CANCELLED)
+        return Delta("", (), FinishReason.CANCELLED, self.state.index)
 
     def _drain(self) -> str:
         """Text held back by the detokenizer and the stop matcher, at the end of generation."""

@@ -10,8 +10,12 @@ Words:
 - matched length (of a cached sequence, for a prompt): the longest common prefix of its tokens
   and the prompt but its last token, so that at least one token is left to prefill and sample.
 - fork: the new sequence shares the first `prefilled_offset` tokens of a cached one.
-- reuse: the new sequence takes over a recycled one and its id, which first pops its last
-  `reused_seq_pop_last_tokens` tokens; the new id goes unused.
+- reuse: the new sequence takes over a recycled one, which first pops its last
+  `reused_seq_pop_last_tokens` tokens. MLC renames: the new id goes unused and the old one
+  lives on. Here the new sequence keeps its own id: it forks the recycled one where the match
+  ends and the recycled one is removed, which leaves the same pages in the same hands (no page
+  is copied: the last shared page's count drops back to one) and gives each sequence one id
+  for its whole life, with its own sampler in the target.
 
 The choice (MLC-LLM cpp/serve/prefix_cache.cc, InsertSequence):
 1. Reuse candidates: recycled sequences with the new one's sliding window and attention sink,
@@ -29,7 +33,7 @@ order is recycling order: as in MLC, forking from a recycled sequence does not r
 """
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tandem.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -53,10 +57,10 @@ class PrefixMatch:
 class SequenceOps:
     """What the router sends to every model service for a new sequence after a match.
 
-    seq_id: the id the sequence runs under (the new one, or the reused recycled one).
-    forked_seq_id, fork_offset: fork seq_id from it, sharing its first fork_offset tokens.
-    reused: seq_id is a taken-over recycled sequence: pop its last `pop_last_tokens` tokens.
-    Neither: add seq_id as a new empty sequence.
+    seq_id: the new sequence.
+    forked_seq_id, fork_offset: fork seq_id from it, sharing its first fork_offset tokens;
+        None: add seq_id as a new empty sequence.
+    reused_seq_id: then remove it (a reuse: the new sequence took it over).
     num_prefilled: prompt tokens already in the KV; the target prefills
         tokens[num_prefilled:], a draft lagging by one tokens[num_prefilled + 1:] + [sampled].
     cache_rollback: tokens to roll back in the prefix cache for seq_id, so it mirrors the KV.
@@ -65,8 +69,7 @@ class SequenceOps:
     seq_id: int
     forked_seq_id: int | None = None
     fork_offset: int = 0
-    reused: bool = False
-    pop_last_tokens: int = 0
+    reused_seq_id: int | None = None
     num_prefilled: int = 0
     cache_rollback: int = 0
 
@@ -77,20 +80,17 @@ def plan_sequence_ops(seq_id: int, match: PrefixMatch, draft_lags: bool) -> Sequ
 
     The target and the draft must prefill equally many tokens, so a lagging draft rolls back
     one more token: fork at prefilled_offset - 1, or pop pop_last_tokens + 1 (DESIGN.md 3,
-    MLC eagle_new_request_prefill.cc). A fork at 0 tokens is an add.
+    MLC eagle_new_request_prefill.cc; a reuse forks one token earlier). A fork at 0 tokens is
+    an add.
     """
     if match.prefilled_offset == 0:
         return SequenceOps(seq_id)
     back = 1 if draft_lags else 0
     offset = match.prefilled_offset - back
-    if match.reused_seq_id is not None:
-        pop = match.reused_seq_pop_last_tokens + back
-        return SequenceOps(match.reused_seq_id, reused=True, pop_last_tokens=pop,
-                           num_prefilled=offset, cache_rollback=back)
-    if offset == 0:
-        return SequenceOps(seq_id, cache_rollback=back)
-    return SequenceOps(seq_id, forked_seq_id=match.forked_seq_id, fork_offset=offset,
-                       num_prefilled=offset, cache_rollback=back)
+    source = match.forked_seq_id if match.reused_seq_id is None else match.reused_seq_id
+    return SequenceOps(seq_id, forked_seq_id=source if offset else None, fork_offset=offset,
+                       reused_seq_id=match.reused_seq_id, num_prefilled=offset,
+                       cache_rollback=back)
 
 
 @dataclass(eq=False, slots=True)
@@ -253,12 +253,16 @@ class PrefixCache:
 
     def insert_sequence(self, seq_id: int, tokens: Sequence[int],
                         sliding_window_size: int = NO_SLIDING_WINDOW,
-                        attention_sink_size: int = 0) -> PrefixMatch:
-        """Matches a new prompt and enters its sequence (live) as forked, reused or empty."""
+                        attention_sink_size: int = 0,
+                        eligible: Callable[[int], bool] | None = None) -> PrefixMatch:
+        """Matches a new prompt and enters its sequence (live) as forked, reused or empty.
+        `eligible`: only these cached sequences may be matched (say, those a draft mirrors)."""
         if not tokens:
             raise InvalidArgument("tokens must not be empty")
         window = self._new_window(seq_id, sliding_window_size, attention_sink_size)
         lengths = self._tree.matched_lengths(tokens[:-1])
+        if eligible is not None:
+            lengths = {s: n for s, n in lengths.items() if eligible(s)}
         reusable = [s for s in self._recycled if self._reusable(s, lengths.get(s, 0), window)]
         reused = max(reusable, key=lambda s: (lengths[s], -self._tree.length(s), -s),
                      default=None)
@@ -266,9 +270,10 @@ class PrefixCache:
                     and window[0] == NO_SLIDING_WINDOW]
         forked = max(forkable, key=lambda s: (lengths[s], -s), default=None)
         if reused is not None and (forked is None or lengths[reused] >= lengths[forked]):
-            del self._recycled[reused]
             pop = self._tree.length(reused) - lengths[reused]
-            self._tree.rollback(reused, pop)
+            self._window[seq_id] = window
+            self._tree.fork(seq_id, reused, lengths[reused])
+            self.remove_sequence(reused)
             return PrefixMatch(lengths[reused], reused_seq_id=reused,
                                reused_seq_pop_last_tokens=pop)
         self._window[seq_id] = window

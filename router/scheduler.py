@@ -1,40 +1,38 @@
-"""Continuous batching: what the next step runs. Pure: no gRPC, no asyncio, no tensors.
+"""Continuous batching over request trees: what the next step runs. Pure: no gRPC, no asyncio,
+no tensors.
 
-Each step decodes every running sequence that has a sampled token waiting, continues prefills
-in progress, then admits waiting requests while sequence slots, KV pages and the prefill token
-budget (`prefill_chunk_size`) allow. A prompt longer than the budget is prefilled in chunks over
-several steps; only its last chunk samples.
-
-Admission reserves KV pages for prompt + max_tokens, so a running request can never run out of
-pages (preemption, which would admit more optimistically, comes with the prefix cache).
+Each step, in order:
+1. Decode (or verify) every running sequence with a sampled token waiting. Their pages are
+   reserved first (k + 1 tokens for a speculating one): when the cache cannot hold them,
+   recycled sequences are evicted, then the newest running sequences are preempted: their KV
+   is dropped and they wait again at the head of the queue, to be prefilled anew with their
+   prompt and output so far (nothing already streamed is lost or repeated).
+2. Continue prefills in progress, within `prefill_chunk_size` tokens a step.
+3. Activate waiting children of prefilled parents (fork + prefill of the last prompt token).
+4. Admit waiting roots: match the prefix cache, add or fork, prefill the first chunk.
+Steps 3 and 4 respect the sequence budget (`max_running`), the held-sequence limit (evicting
+recycled sequences), free pages and `max_total_sequence_length`.
 """
 
+import itertools
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
-from router.request import RequestState
+from router.kv_state import KvState
+from router.limits import EngineLimits
+from router.request import Request, Sequence
 from tandem.errors import ResourceExhausted
 from tandem.kv.pages import pages_for
-from tandem.ops import AddSequence, EntryKind, RemoveSequence, SequenceOp, StepEntry
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerLimits:
-    max_num_sequence: int
-    prefill_chunk_size: int
-    kv_pages_total: int
-    kv_page_size: int
-    max_waiting: int
+from tandem.ops import EntryKind, EntryResult, ForkSequence, RemoveSequence, SequenceOp, StepEntry
 
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
     ops: tuple[SequenceOp, ...]
     entries: tuple[StepEntry, ...]
-    # The requests with an entry, in entry order.
-    requests: tuple[RequestState, ...]
-    # The requests admitted by this step (their AddSequence ops are in ops).
-    admitted: tuple[RequestState, ...] = ()
+    seqs: tuple[Sequence, ...]  # the sequence of each entry, in entry order
+    draft_ops: tuple[SequenceOp, ...] = ()  # the same changes for the draft's sequences
 
     @property
     def empty(self) -> bool:
@@ -42,73 +40,259 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits):
+    """`speculates(seq)`: would a new root speculate now (a draft service is up and the request
+    allows it). The draft holds a sequence for each sequence that speculates, and keeps the
+    recycled ones too: only those may be matched by a speculating root, as only they carry
+    the draft's KV (lagging the target's by one token)."""
+
+    def __init__(self, limits: EngineLimits, speculates: Callable[[Sequence], bool] | None = None):
         self.limits = limits
-        self.waiting: deque[RequestState] = deque()
-        self.running: list[RequestState] = []
-        self.reserved_pages = 0
+        self.speculates = speculates
+        self.draft_held: set[int] = set()
+        self.kv = KvState(limits.kv_pages_total, limits.kv_page_size, limits.max_held_sequences,
+                          limits.prefix_cache_max_num_recycling_seqs, limits.sliding_window)
+        self.waiting: deque[Sequence] = deque()  # roots, in admission order
+        self.running: list[Sequence] = []  # live sequences that prefill or decode
+        self.forking: list[Sequence] = []  # prefilled parents with children left to fork
+        self.preempted_total = 0
         self._ops: list[SequenceOp] = []
+        self._draft_ops: list[SequenceOp] = []
+        self._seq_ids = itertools.count(1)
 
-    def pages_for(self, num_tokens: int) -> int:
-        return pages_for(num_tokens, self.limits.kv_page_size)
+    def new_seq_id(self) -> int:
+        return next(self._seq_ids)
 
-    def enqueue(self, state: RequestState) -> None:
-        if state.reserved_pages > self.limits.kv_pages_total:
+    # -- requests in and out ------------------------------------------------------------------
+
+    def enqueue(self, request: Request) -> None:
+        spec = self.limits
+        tokens = len(request.spec.prompt_ids) + request.spec.max_tokens
+        if pages_for(tokens, spec.kv_page_size) + 1 > spec.kv_pages_total or tokens > spec.max_total_sequence_length:
             raise ResourceExhausted(
-                f"request needs {state.reserved_pages} KV pages for prompt + max_tokens;"
-                f" the cache holds {self.limits.kv_pages_total}"
+                f"prompt + max_tokens = {tokens} tokens cannot fit the KV cache"
+                f" ({spec.kv_pages_total} pages of {spec.kv_page_size}, max_total_sequence_length"
+                f" {spec.max_total_sequence_length})"
             )
-        if len(self.waiting) >= self.limits.max_waiting:
+        if len(self.waiting) >= spec.max_waiting:
             raise ResourceExhausted(f"{len(self.waiting)} requests already waiting (max_waiting)")
-        self.waiting.append(state)
+        roots = [request.parent] if request.parent else request.choices
+        self.waiting.extend(roots)
 
-    def release(self, state: RequestState) -> None:
-        """Takes a finished or cancelled request out; its sequence is removed next step."""
-        if state in self.running:
-            self.running.remove(state)
-            self.reserved_pages -= state.reserved_pages
-        elif state in self.waiting:
-            self.waiting.remove(state)
-        if state.live:
-            self._ops.append(RemoveSequence(state.seq_id))
-            state.live = False
+    def release(self, request: Request) -> None:
+        """A cancelled request: every sequence it holds is removed with the next step."""
+        request.unactivated.clear()
+        for seq in [request.parent, *request.choices]:
+            if seq is None:
+                continue
+            if seq in self.waiting:
+                self.waiting.remove(seq)
+            self._drop(seq)
+            if seq.live:
+                self._send(self.kv.remove(seq.seq_id))
+                seq.live = False
+
+    def finish(self, seq: Sequence) -> None:
+        """A choice finished (stop or length): its sequence is recycled into the prefix cache."""
+        self._drop(seq)
+        if seq.live:
+            self._send(self.kv.recycle(seq.seq_id))
+            seq.live = False
+
+    def flush_prefix_cache(self) -> None:
+        """Evicts every recycled sequence (their removal rides on the next step)."""
+        while ops := self.kv.evict():
+            self._send(ops)
+
+    def reset(self) -> None:
+        """The target dropped every sequence: so does the router's view of it; the draft
+        drops what it held."""
+        self.kv.reset()
+        self._ops.clear()
+        self._draft_ops += [RemoveSequence(s) for s in sorted(self.draft_held)]
+        self.draft_held.clear()
+
+    def stop_speculating(self, seq: Sequence) -> None:
+        """The draft cannot serve this sequence any more: it decodes plainly from now on."""
+        seq.draft_live = False
+        if seq.seq_id in self.draft_held:
+            self.draft_held.discard(seq.seq_id)
+            self._draft_ops.append(RemoveSequence(seq.seq_id))
+
+    def draft_lost(self) -> None:
+        """The draft service failed: it holds nothing any more (it is reset when back)."""
+        self.draft_held.clear()
+        self._draft_ops.clear()
+        for seq in self.running + self.forking:
+            seq.draft_live = False
+
+    def _send(self, ops: list[SequenceOp], speculates: bool = False) -> None:
+        """Queues ops for the target, and their mirror for the draft: new sequences that
+        speculate (a child forks one position earlier there) and removals of what it holds."""
+        self._ops += ops
+        for op in ops:
+            if isinstance(op, RemoveSequence):
+                if op.seq_id in self.draft_held:
+                    self.draft_held.discard(op.seq_id)
+                    self._draft_ops.append(op)
+            elif speculates:
+                if isinstance(op, ForkSequence) and op.draft_position is not None:
+                    op = replace(op, position=op.draft_position, draft_position=None)
+                self.draft_held.add(op.seq_id)
+                self._draft_ops.append(op)
+
+    def _drop(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.forking:
+            self.forking.remove(seq)
+
+    # -- the plan -----------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        ops, self._ops = tuple(self._ops), []
         entries: list[StepEntry] = []
-        requests: list[RequestState] = []
-        for state in self.running:
-            if state.pending_token is not None:
-                entries.append(StepEntry(state.seq_id, EntryKind.DECODE, (state.pending_token,), True))
-                requests.append(state)
-                state.pending_token = None
-        budget = self.limits.prefill_chunk_size
-        for state in self.running:
-            if budget and state.prefill_left:
-                budget -= self._prefill_chunk(state, budget, entries, requests)
-        new_ops, admitted = [], []
-        while budget and self.waiting and self._fits(self.waiting[0]):
-            state = self.waiting.popleft()
-            self.running.append(state)
-            self.reserved_pages += state.reserved_pages
-            state.live = True
-            admitted.append(state)
-            new_ops.append(AddSequence(state.seq_id, state.spec.sampler))
-            budget -= self._prefill_chunk(state, budget, entries, requests)
-        return StepPlan(ops + tuple(new_ops), tuple(entries), tuple(requests), tuple(admitted))
+        seqs: list[Sequence] = []
+        reserved = self._reserve_decodes()
+        for seq in self.running:
+            if seq.pending_token is not None:
+                entries.append(StepEntry(seq.seq_id, EntryKind.DECODE, (seq.pending_token,), True))
+                seqs.append(seq)
+                seq.pending_token = None
+        room = _Room(self.limits.prefill_chunk_size, reserved, self._total_length())
+        for seq in self.running:
+            if room.tokens and seq.prefill_left:
+                self._chunk(seq, room, entries, seqs)
+        self._activate_children(room, entries, seqs)
+        self._admit(room, entries, seqs)
+        ops, self._ops = tuple(self._ops), []
+        draft_ops, self._draft_ops = tuple(self._draft_ops), []
+        return StepPlan(ops, tuple(entries), tuple(seqs), draft_ops)
 
-    def _fits(self, state: RequestState) -> bool:
-        return (
-            len(self.running) < self.limits.max_num_sequence
-            and self.reserved_pages + state.reserved_pages <= self.limits.kv_pages_total
-        )
+    def commit(self, plan: StepPlan) -> None:
+        """The plan as sent (drafts included): its tokens take KV slots."""
+        for entry in plan.entries:
+            self.kv.append(entry.seq_id, len(entry.token_ids))
 
-    @staticmethod
-    def _prefill_chunk(state: RequestState, budget: int, entries: list, requests: list) -> int:
-        start = state.num_prefilled
-        size = min(state.prefill_left, budget)
-        chunk = state.spec.prompt_ids[start : start + size]
-        state.num_prefilled += size
-        entries.append(StepEntry(state.seq_id, EntryKind.PREFILL, chunk, state.prefill_left == 0))
-        requests.append(state)
-        return size
+    def on_result(self, seq: Sequence, entry: StepEntry, result: EntryResult) -> None:
+        """Mirrors what the step kept in the target's KV."""
+        if not seq.live:
+            return  # cancelled while the step ran: already removed
+        rejected = entry.num_draft_tokens - result.num_accepted
+        if rejected:
+            self.kv.pop(seq.seq_id, rejected)
+        self.kv.commit(seq.seq_id, entry.token_ids[: len(entry.token_ids) - rejected])
+        if seq.is_parent and not seq.prefill_left and seq in self.running:
+            self.running.remove(seq)
+            self.forking.append(seq)
+
+    def _reserve_decodes(self) -> int:
+        """Pages the decode (verify) entries of this step need; evicts and preempts until
+        they fit."""
+        while True:
+            decoding = [s for s in self.running if s.pending_token is not None]
+            need = sum(self.kv.pages_needed(s.seq_id, 1 + self._drafts(s)) for s in decoding)
+            if need <= self.kv.free_pages:
+                return need
+            if ops := self.kv.evict():
+                self._send(ops)
+            elif len(self.running) > 1:
+                self._preempt(self.running[-1])
+            else:
+                return need  # one sequence alone always fits (checked at enqueue)
+
+    def _drafts(self, seq: Sequence) -> int:
+        return self.limits.spec_draft_length if seq.draft_live else 0
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Drops its KV; it waits first in line, to resume from its prompt + output so far."""
+        self.running.remove(seq)
+        self._send(self.kv.remove(seq.seq_id))
+        seq.live = seq.draft_live = False
+        seq.seq_id = self.new_seq_id()
+        seq.num_prefilled = 0
+        if not seq.is_parent:
+            seq.input_ids = seq.spec.prompt_ids + tuple(seq.output_ids)
+            seq.pending_token = None
+        self.waiting.appendleft(seq)
+        self.preempted_total += 1
+
+    def _total_length(self) -> int:
+        return sum(self.kv.length(s.seq_id) for s in self.running)
+
+    def _chunk(self, seq: Sequence, room: "_Room", entries: list, seqs: list) -> None:
+        size = min(seq.prefill_left, room.tokens)
+        chunk = seq.input_ids[seq.num_prefilled : seq.num_prefilled + size]
+        seq.num_prefilled += size
+        sample = seq.prefill_left == 0 and not seq.is_parent
+        entries.append(StepEntry(seq.seq_id, EntryKind.PREFILL, chunk, sample))
+        seqs.append(seq)
+        room.take(size, self.kv.pages_needed(seq.seq_id, size))
+
+    def _has_slot(self, room: "_Room", tokens: int) -> bool:
+        """A new running sequence with `tokens` to prefill now fits: the step budget, a
+        sequence slot, a held sequence (evicting recycled ones) and pages (likewise)."""
+        if not room.tokens or len(self.running) >= self.limits.max_running:
+            return False
+        if room.length + tokens > self.limits.max_total_sequence_length:
+            return False
+        while self.kv.held >= self.limits.max_held_sequences or not room.fits(self.kv, self.kv.new_pages_bound(tokens) + len(self.running)):
+            if not (ops := self.kv.evict()):
+                return False
+            self._send(ops)
+        return True
+
+    def _activate_children(self, room: "_Room", entries: list, seqs: list) -> None:
+        for parent in list(self.forking):
+            request = parent.request
+            while request.unactivated and self._has_slot(room, 1):
+                child = request.unactivated.pop(0)
+                child.seq_id = self.new_seq_id()
+                child.draft_live = parent.draft_live
+                self._send(self.kv.fork_child(child.seq_id, parent.seq_id, child.sampler, parent.draft_live),
+                           speculates=parent.draft_live)
+                child.num_prefilled = len(child.input_ids) - 1
+                child.live = True
+                self.running.append(child)
+                self._chunk(child, room, entries, seqs)
+            if not request.unactivated:  # every child holds the prompt now
+                self.forking.remove(parent)
+                self._send(self.kv.remove(parent.seq_id))
+                parent.live = False
+
+    def _admit(self, room: "_Room", entries: list, seqs: list) -> None:
+        while self.waiting and self._has_slot(room, min(self.waiting[0].prefill_left, room.tokens)):
+            seq = self.waiting.popleft()
+            speculate = bool(self.speculates and self.speculates(seq))
+            mirrors = self.draft_held.__contains__ if speculate else None
+            tokens = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
+            ops, seq.num_prefilled = self.kv.add_root(
+                seq.seq_id, tokens, seq.sampler, draft_lags=speculate, is_parent=seq.is_parent, eligible=mirrors)
+            self._send(ops, speculates=speculate)
+            if not seq.output_ids:  # a resumed sequence reported its cached tokens already
+                seq.request.cached_prompt_tokens = max(seq.request.cached_prompt_tokens, seq.num_prefilled)
+            seq.live, seq.draft_live = True, speculate
+            self.running.append(seq)
+            if seq.prefill_left:
+                self._chunk(seq, room, entries, seqs)
+            elif seq.is_parent:  # the whole prompt but its last token was cached
+                self.running.remove(seq)
+                self.forking.append(seq)
+
+
+@dataclass(slots=True)
+class _Room:
+    """What one step has used so far: prompt tokens left, pages reserved for its decodes and
+    taken by its chunks (the KV view's free pages change only at commit, or by evictions),
+    total length of the live sequences."""
+
+    tokens: int
+    reserved: int
+    length: int
+    used_pages: int = 0
+
+    def fits(self, kv: KvState, pages: int) -> bool:
+        return pages <= kv.free_pages - self.reserved - self.used_pages
+
+    def take(self, tokens: int, pages: int) -> None:
+        self.tokens -= tokens
+        self.used_pages += pages
+        self.length += tokens

@@ -40,7 +40,9 @@ async def start_router(config: RouterConfig):
         draft_channel = grpc.aio.insecure_channel(config.draft_address, options=CHANNEL_OPTIONS)
         speculator = Speculator(draft_channel, config.spec_draft_length, config.draft_timeout_s)
         await speculator.connect(config.connect_timeout_s)
-    engine = RouterEngine(config, Tokenizer(config.model_dir), stub, info, speculator, first_step_id=last_step + 1)
+    draft_max = speculator.max_sequences if speculator and speculator.max_sequences else None
+    engine = RouterEngine(config, Tokenizer(config.model_dir), stub, info, speculator,
+                          first_step_id=last_step + 1, draft_max_num_sequence=draft_max)
     engine.start()
     server = grpc.aio.server(interceptors=[AioErrorInterceptor()], options=SERVER_OPTIONS)
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)

@@ -23,24 +23,25 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             max_context=engine.info.max_context_length,
             default_max_tokens=engine.config.default_max_tokens,
         )
-        stream = engine.submit(spec)
+        request = engine.submit(spec)
         want_logprobs = spec.sampler.logprobs
         try:
             while True:
-                item = await stream.queue.get()
+                item = await request.queue.get()
                 if isinstance(item, TandemError):
                     raise item
                 response = convert.delta_to_pb(spec.request_id, item, engine.tokenizer, want_logprobs)
-                if item.finish_reason is not None:
-                    response.usage.CopyFrom(convert.usage_to_pb(stream.state))
+                done = request.finished and request.queue.empty()
+                if done:
+                    response.usage.CopyFrom(convert.usage_to_pb(request))
                 yield response
-                if item.finish_reason is not None:
+                if done:
                     return
         except asyncio.CancelledError:
-            raise  # the client went away; finally frees the sequence
+            raise  # the client went away; finally frees the sequences
         finally:
-            if not stream.state.finished:
-                engine.cancel(stream)
+            if not request.finished:
+                engine.cancel(request)
 
     async def Tokenize(self, request, context):
         ids = convert.prompt_ids(request, self.engine.tokenizer, self.engine.info.vocab_size)
@@ -66,12 +67,15 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             requests_total=c.requests_total,
             requests_running=len(e.scheduler.running),
             requests_waiting=len(e.scheduler.waiting),
+            cached_prompt_tokens_total=c.cached_prompt_tokens_total,
+            sequences_recycled=e.scheduler.kv.cache.num_recycled(),
+            preemptions_total=e.scheduler.preempted_total,
             prompt_tokens_total=c.prompt_tokens_total,
             completion_tokens_total=c.completion_tokens_total,
             steps_total=c.steps_total,
             kv_pages_total=e.info.kv_pages_total,
             kv_pages_free=e.kv_pages_free,
-            sequences_live=sum(1 for s in e.scheduler.running if s.live),
+            sequences_live=e.scheduler.kv.held,
             draft_tokens_total=spec.draft_tokens,
             accepted_draft_tokens_total=spec.accepted_tokens,
             mean_accepted_length=spec.mean_accepted_length,

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from router.request import RequestState
+from router.request import Sequence as RequestSeq
 from router.scheduler import StepPlan
 from tandem import codec
-from tandem.ops import AddSequence, DraftRequest, DraftSeq, EntryKind, RemoveSequence, SequenceOp
+from tandem.ops import DraftRequest, DraftSeq, EntryKind, SequenceOp
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,9 @@ class SpecStats:
 
 
 class Speculator:
+    """Which sequences the draft holds is the scheduler's to say (it sends their ops in
+    StepPlan.draft_ops); this class talks to the draft service and watches its health."""
+
     def __init__(self, channel: grpc.aio.Channel, k: int, timeout_s: float, probe_s: float = 2.0):
         self.stub = engine_pb2_grpc.DraftEngineStub(channel)
         self.health = health_pb2_grpc.HealthStub(channel)
@@ -63,9 +66,9 @@ class Speculator:
         self.probe_s = probe_s
         self.healthy = True
         self.stats = SpecStats()
-        self._ops: list[SequenceOp] = []
         self.max_sequences = 0  # the draft's own limit, from its Info
-        self._live = 0  # sequences the draft holds
+        self.on_down = lambda: None  # the router engine's: the draft holds nothing any more
+        self._ops: list[SequenceOp] = []
         self._draft_ids = itertools.count(1)
         self._probe: asyncio.Task | None = None
 
@@ -84,74 +87,61 @@ class Speculator:
         self.healthy = False
         self._probe = asyncio.get_running_loop().create_task(self._wait_healthy())
 
-    def admit(self, state: RequestState) -> bool:
-        """Called when a request is admitted; True when it will speculate."""
-        if not (self.healthy and state.spec.speculate) or self._live >= self.max_sequences:
-            return False  # served plain: a full draft must not turn speculation off for all
-        self._ops.append(AddSequence(state.seq_id, state.spec.sampler))
-        state.draft_live = True
-        self._live += 1
-        return True
+    def wants(self, seq: RequestSeq) -> bool:
+        """Would a new root speculate now."""
+        return self.healthy and seq.spec.speculate
 
-    def release(self, state: RequestState) -> None:
-        if state.draft_live:
-            self._live -= 1
-            if self.healthy:
-                self._ops.append(RemoveSequence(state.seq_id))
-        state.draft_live = False
-
-    def mark_hidden(self, plan: StepPlan) -> StepPlan:
-        """Asks the target to stream hidden states for every entry of a speculating request."""
+    @staticmethod
+    def mark_hidden(plan: StepPlan) -> StepPlan:
+        """Asks the target to stream hidden states for every entry of a speculating sequence."""
         entries = tuple(
-            dataclasses.replace(e, emit_hidden=True) if r.draft_live else e for e, r in zip(plan.entries, plan.requests)
+            dataclasses.replace(e, emit_hidden=True) if s.draft_live else e for e, s in zip(plan.entries, plan.seqs)
         )
         return dataclasses.replace(plan, entries=entries)
 
-    async def propose(self, plan: StepPlan, after_step: int, running) -> tuple[StepPlan, int]:
-        """Drafts for each speculating decode entry; returns the plan with verify entries and the
-        draft step id (0 when nothing was drafted)."""
+    async def propose(self, plan: StepPlan, after_step: int) -> tuple[StepPlan, int, list[RequestSeq]]:
+        """Drafts for each speculating decode entry; returns the plan with verify entries, the
+        draft step id (0 when nothing was drafted) and the sequences the draft could not serve."""
+        if self.healthy:
+            self._ops += plan.draft_ops
         wanted = [
-            (e, r) for e, r in zip(plan.entries, plan.requests)
-            if r.draft_live and e.kind is EntryKind.DECODE and self._room(r) > 0
+            (e, s) for e, s in zip(plan.entries, plan.seqs)
+            if s.draft_live and e.kind is EntryKind.DECODE and self._room(s) > 0
         ]
         if not self.healthy or (not wanted and not self._ops):
-            return plan, 0
+            return plan, 0, []
         request = DraftRequest(
             draft_step_id=next(self._draft_ids),
             after_target_step=after_step,
             ops=tuple(self._ops),
-            seqs=tuple(DraftSeq(e.seq_id, min(self.k, self._room(r))) for e, r in wanted),
+            seqs=tuple(DraftSeq(e.seq_id, min(self.k, self._room(s))) for e, s in wanted),
         )
         self._ops = []
         try:
             response = await self.stub.Draft(codec.draft_request_to_pb(request), timeout=self.timeout_s)
         except grpc.aio.AioRpcError as e:
-            self._down(running, f"{e.code().name}: {e.details()}")
-            return plan, 0
+            self._down(f"{e.code().name}: {e.details()}")
+            return plan, 0, []
         drafts = codec.draft_result_from_pb(response).tokens
-        for e, r in wanted:
-            if not drafts.get(e.seq_id):  # the draft lacks its hidden states: stop speculating
-                self.release(r)
+        unserved = [s for e, s in wanted if not drafts.get(e.seq_id)]  # the draft lacks its hidden states
         entries = tuple(
             dataclasses.replace(e, token_ids=e.token_ids + drafts[e.seq_id], num_draft_tokens=len(drafts[e.seq_id]))
             if drafts.get(e.seq_id) else e
             for e in plan.entries
         )
-        return dataclasses.replace(plan, entries=entries), request.draft_step_id
+        return dataclasses.replace(plan, entries=entries), request.draft_step_id, unserved
 
     @staticmethod
-    def _room(state: RequestState) -> int:
+    def _room(seq: RequestSeq) -> int:
         """Drafts worth verifying: no more than the tokens the request may still emit, minus one."""
-        return state.spec.max_tokens - len(state.output_ids) - 1
+        return seq.spec.max_tokens - len(seq.output_ids) - 1
 
-    def _down(self, running, why: str) -> None:
+    def _down(self, why: str) -> None:
         log.warning("draft service failed (%s): serving without speculation until it is healthy", why)
         self.healthy = False
         self.stats.draft_failures += 1
         self._ops = []
-        self._live = 0
-        for r in running:
-            r.draft_live = False
+        self.on_down()
         self._probe = asyncio.get_running_loop().create_task(self._wait_healthy())
 
     async def _wait_healthy(self) -> None:

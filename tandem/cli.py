@@ -53,6 +53,11 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk-size", type=int, default=_env("prefill_chunk_size", 512))
     p.add_argument("--max-waiting", type=int, default=_env("max_waiting", 1024))
     p.add_argument("--default-max-tokens", type=int, default=_env("default_max_tokens", 1024))
+    p.add_argument("--max-total-sequence-length", type=int, default=_env("max_total_sequence_length", 0),
+                   help="tokens over all live sequences (0: the KV cache's size)")
+    p.add_argument("--prefix-cache-max-num-recycling-seqs", type=int,
+                   default=_env("prefix_cache_max_num_recycling_seqs", -1),
+                   help="finished sequences the prefix cache keeps (-1: as slots allow, 0: off)")
 
 
 def target_config(args, model: Path):
@@ -85,6 +90,9 @@ def router_config(args, model: Path):
         default_max_tokens=args.default_max_tokens,
         draft_address=args.draft or None,
         spec_draft_length=args.spec_draft_length,
+        max_num_sequence=getattr(args, "router_max_num_sequence", 0),
+        max_total_sequence_length=args.max_total_sequence_length,
+        prefix_cache_max_num_recycling_seqs=args.prefix_cache_max_num_recycling_seqs,
     )
 
 
@@ -190,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec_flags(p)
     p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"))
     p.add_argument("--draft", default=_env("draft_address", ""), help="draft service address (empty: plain decoding)")
+    p.add_argument("--max-num-sequence", dest="router_max_num_sequence", type=int,
+                   default=_env("router_max_num_sequence", 0),
+                   help="sequence budget of a step, k + 1 per speculating sequence (0: the target's)")
     p.add_argument("--host", default=_env("router_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("router_port", 50051))
     p.set_defaults(func=cmd_router)

@@ -45,6 +45,8 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
         "--prefill-chunk-size", str(args.prefill_chunk_size),
         "--max-waiting", str(args.max_waiting),
         "--default-max-tokens", str(args.default_max_tokens),
+        "--max-total-sequence-length", str(args.max_total_sequence_length),
+        "--prefix-cache-max-num-recycling-seqs", str(args.prefix_cache_max_num_recycling_seqs),
         "--spec-draft-length", str(args.spec_draft_length),
     ]
     draft = None

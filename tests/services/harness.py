@@ -41,8 +41,14 @@ class Services:
         with grpc.insecure_channel(f"127.0.0.1:{self.target_port}") as ch:
             return engine_pb2_grpc.TargetEngineStub(ch).Stats(engine_pb2.EngineStatsRequest(), timeout=10)
 
+    def flush_prefix_cache(self) -> None:
+        """Evicts the router's recycled sequences (their removes ride on the next step)."""
+        self.loop.call_soon_threadsafe(self.router_engine.flush_prefix_cache)
+
     def wait_idle(self, timeout: float = 10.0):
-        """Target stats once the router has sent its last removes (they ride on the next step)."""
+        """Target stats once the router has flushed its prefix cache and sent its last removes
+        (they ride on the next step)."""
+        self.flush_prefix_cache()
         deadline = time.monotonic() + timeout
         while True:
             stats = self.target_stats()

@@ -55,10 +55,10 @@ def test_match_on_a_recycled_sequence_reuses_it_with_pop():
     assert cache.recycle_sequence(1) == []
     match = cache.insert_sequence(2, list(range(19)) + [50, 51])
     assert match == PrefixMatch(19, reused_seq_id=1, reused_seq_pop_last_tokens=1)
-    assert not cache.has_sequence(2)  # the new id goes unused
-    assert cache.has_sequence(1) and not cache.is_recycled(1) and cache.num_recycled() == 0
-    assert cache.sequence_tokens(1) == list(range(19))
-    cache.extend_sequence(1, [50])  # live again
+    # The new sequence takes it over under its own id: the recycled one is gone.
+    assert not cache.has_sequence(1) and cache.num_recycled() == 0
+    assert cache.sequence_tokens(2) == list(range(19)) and not cache.is_recycled(2)
+    cache.extend_sequence(2, [50])  # live
 
 
 def test_whole_recycled_sequence_is_reused_without_pop():
@@ -154,7 +154,7 @@ def test_sliding_window_sequences():
     assert cache.insert_sequence(6, [1, 2, 3, 5], sliding_window_size=8) == PrefixMatch(0)
     assert cache.insert_sequence(7, [1, 2, 3, 5], **window) == PrefixMatch(3, reused_seq_id=2)
     with pytest.raises(FailedPrecondition):
-        cache.fork_sequence(8, 2, 1)
+        cache.fork_sequence(8, 7, 1)
 
 
 def test_contract_errors():
@@ -210,12 +210,16 @@ def test_eagle_reuse_pops_one_more_token():
     match = cache.insert_sequence(2, [0, 1, 2, 3, 4])
     assert match == PrefixMatch(4, reused_seq_id=1)
     ops = plan_sequence_ops(2, match, draft_lags=True)
-    assert ops == SequenceOps(1, reused=True, pop_last_tokens=1, num_prefilled=3,
-                              cache_rollback=1)
+    # Reuse = fork where the match ends (one token earlier for a lagging draft) + remove.
+    assert ops == SequenceOps(2, forked_seq_id=1, fork_offset=3, reused_seq_id=1,
+                              num_prefilled=3, cache_rollback=1)
     cache.rollback_sequence(ops.seq_id, ops.cache_rollback)
-    assert cache.sequence_tokens(1) == [0, 1, 2]
+    assert cache.sequence_tokens(2) == [0, 1, 2] and not cache.has_sequence(1)
     assert plan_sequence_ops(2, match, draft_lags=False) == SequenceOps(
-        1, reused=True, pop_last_tokens=0, num_prefilled=4)
+        2, forked_seq_id=1, fork_offset=4, reused_seq_id=1, num_prefilled=4)
+    # A one-token reuse under a lagging draft is an add + remove.
+    assert plan_sequence_ops(2, PrefixMatch(1, reused_seq_id=1), draft_lags=True) == SequenceOps(
+        2, reused_seq_id=1, cache_rollback=1)
 
 
 def test_eagle_fork_at_zero_is_an_add_and_plain_mode_forks_where_matched():
@@ -289,7 +293,6 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         seq_id, tokens = self.new_id(), head + tail + [last]
         match = self.cache.insert_sequence(seq_id, tokens, *window)
         self.check_match(match, tokens, window)
-        seq_id = match.reused_seq_id if match.reused_seq_id is not None else seq_id
         if prefill:
             self.cache.extend_sequence(seq_id, tokens[match.prefilled_offset:])
             self.tokens[seq_id] = list(tokens)
@@ -315,7 +318,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert len(self.tokens[r]) == shortest
             assert match.reused_seq_pop_last_tokens == len(self.tokens[r]) - lcp[r]
             del self.recycled[r]
-            self.tokens[r] = self.tokens[r][:lcp[r]]
+            self.tokens[seq_id], self.window[seq_id] = self.tokens.pop(r)[:lcp[r]], window
+            del self.window[r]
             return
         assert match.reused_seq_pop_last_tokens == 0 and best_reuse < max(best_fork, 1)
         if match.forked_seq_id is not None:

@@ -1,0 +1,92 @@
+"""The engine limits the router schedules against: one frozen config, resolved once at start-up
+from the router's flags and what the target (and draft) report, checked for consistency."""
+
+from dataclasses import dataclass
+
+from tandem.errors import InvalidArgument
+from tandem.ops import EngineInfo
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """
+    max_num_sequence: the sequence budget of a step. As in MLC-LLM, a running sequence counts
+        spec_draft_length + 1 when speculation is on (a verify step scores that many tokens for
+        it), 1 otherwise. Default: the target's max_num_sequence.
+    max_held_sequences: sequences the model services may hold at once: running, parents and
+        recycled ones kept by the prefix cache (the least recently recycled is evicted first).
+        The smaller of the target's and the draft's max_num_sequence.
+    max_total_sequence_length: tokens over all live sequences. Default: the KV cache's size.
+    prefill_chunk_size: prompt tokens per step; longer prompts are prefilled in chunks.
+    spec_draft_length: draft tokens per verify (k); 0 without a draft service.
+    prefix_cache_max_num_recycling_seqs: finished sequences kept for later prompts to match
+        (-1: no limit but max_held_sequences, 0: prefix cache off).
+    kv_page_size, kv_pages_total: the target's paged KV cache.
+    max_waiting: requests queued before new ones get RESOURCE_EXHAUSTED.
+    sliding_window: the model's sliding window (0: none).
+    """
+
+    max_num_sequence: int
+    max_held_sequences: int
+    max_total_sequence_length: int
+    prefill_chunk_size: int
+    spec_draft_length: int
+    prefix_cache_max_num_recycling_seqs: int
+    kv_page_size: int
+    kv_pages_total: int
+    max_waiting: int = 1024
+    sliding_window: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_held_sequences", "prefill_chunk_size", "kv_page_size", "kv_pages_total", "max_waiting"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
+        if self.spec_draft_length < 0:
+            raise InvalidArgument(f"spec_draft_length must be >= 0, got {self.spec_draft_length}")
+        if self.max_num_sequence < self.slots_per_sequence:
+            raise InvalidArgument(
+                f"max_num_sequence ({self.max_num_sequence}) runs no sequence: each counts"
+                f" spec_draft_length + 1 = {self.slots_per_sequence}"
+            )
+        if self.prefix_cache_max_num_recycling_seqs < -1:
+            raise InvalidArgument("prefix_cache_max_num_recycling_seqs must be -1 (no limit) or >= 0")
+        if not 0 < self.max_total_sequence_length <= self.kv_pages_total * self.kv_page_size:
+            raise InvalidArgument(
+                f"max_total_sequence_length ({self.max_total_sequence_length}) must be in"
+                f" [1, {self.kv_pages_total * self.kv_page_size}] (the KV cache's tokens)"
+            )
+
+    @property
+    def slots_per_sequence(self) -> int:
+        return self.spec_draft_length + 1
+
+    @property
+    def max_running(self) -> int:
+        """Sequences that may run (prefill or decode) in one step."""
+        return self.max_num_sequence // self.slots_per_sequence
+
+
+def resolve_limits(config, info: EngineInfo, draft_max_num_sequence: int | None) -> EngineLimits:
+    """`config`: the RouterConfig (0 = take the target's value); `draft_max_num_sequence`:
+    None without a draft service."""
+    if config.kv_page_size and config.kv_page_size != info.kv_page_size:
+        raise InvalidArgument(
+            f"kv_page_size ({config.kv_page_size}) differs from the target's ({info.kv_page_size})"
+        )
+    held = info.max_num_sequence
+    if draft_max_num_sequence is not None:
+        held = min(held, draft_max_num_sequence)
+    k = config.spec_draft_length if config.draft_address else 0
+    recycling = config.prefix_cache_max_num_recycling_seqs
+    return EngineLimits(
+        max_num_sequence=config.max_num_sequence or info.max_num_sequence,
+        max_held_sequences=held,
+        max_total_sequence_length=config.max_total_sequence_length or info.kv_pages_total * info.kv_page_size,
+        prefill_chunk_size=config.prefill_chunk_size,
+        spec_draft_length=k,
+        prefix_cache_max_num_recycling_seqs=recycling,
+        kv_page_size=info.kv_page_size,
+        kv_pages_total=info.kv_pages_total,
+        max_waiting=config.max_waiting,
+        sliding_window=info.sliding_window,
+    )
