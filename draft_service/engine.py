@@ -5,6 +5,10 @@ The draft's KV lags the target's by one token: draft position i holds the pair (
 state at position i, token i + 1). A Draft call (1) drops the speculative positions of the last
 call, (2) runs the new real pairs, whose last output proposes draft token 1, (3) feeds back its
 own predicted feature with each draft token for tokens 2..k (speculative positions).
+
+Fork and pop first settle the sequence they read: drop its speculative positions and absorb
+its buffered real pairs, so that its KV is the target's shifted by one (equal lengths, the last
+sampled token included) before it is shared or cut.
 """
 
 import threading
@@ -15,7 +19,7 @@ import torch
 
 from draft_service.config import DraftConfig
 from draft_service.peer_client import DraftPeer
-from tandem.errors import InvalidArgument, ResourceExhausted, Unavailable
+from tandem.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from tandem.kv.batching import append_batch
 from tandem.kv.cache import PagedKVCache
 from tandem.ops import AddSequence, DraftRequest, DraftResult, EngineStats, ForkSequence, PopTokens, RemoveSequence
@@ -28,6 +32,9 @@ from tandem.sampling.state import SamplingState
 class _Seq:
     sampler: SamplingState
     speculative: int = 0  # positions appended by the last draft, dropped by the next call
+    # Predicted feature of the last real pair that a settle absorbed in this call: proposes
+    # draft token 1 when no new pairs come (a parent forked and drafted in the same call).
+    settled: torch.Tensor | None = None
 
 
 class DraftEngine:
@@ -69,6 +76,8 @@ class DraftEngine:
             # Ops-only calls wait too: a remove must not overtake its sequence's last hidden states.
             if not self.peer.wait_step(request.after_target_step, self.config.hidden_timeout_s):
                 raise Unavailable(f"draft: hidden states of target step {request.after_target_step} never came")
+            for seq in self._seqs.values():
+                seq.settled = None
             for op in request.ops:
                 self._apply(op)
             self.peer.retain(set(self._seqs))
@@ -78,16 +87,55 @@ class DraftEngine:
 
     def _apply(self, op) -> None:
         if isinstance(op, AddSequence):
-            if len(self._seqs) >= self.config.max_num_sequence:
-                raise ResourceExhausted(f"draft: max_num_sequence ({self.config.max_num_sequence}) live")
+            seq = self._new_seq(op.sampler)
             self.allocator.add(op.seq_id)
-            self._seqs[op.seq_id] = _Seq(SamplingState(_proposal_params(op.sampler), self.head.config.vocab_size, self.device))
+            self._seqs[op.seq_id] = seq
+        elif isinstance(op, ForkSequence):
+            self._fork(op)
+        elif isinstance(op, PopTokens):
+            self._pop(op)
         elif isinstance(op, RemoveSequence):
             self.allocator.remove(op.seq_id)
             del self._seqs[op.seq_id]
             self.peer.drop(op.seq_id)
-        elif isinstance(op, (ForkSequence, PopTokens)):
-            raise InvalidArgument(f"draft: {type(op).__name__} is not supported yet")
+        else:
+            raise InvalidArgument(f"draft: unknown sequence op {op!r}")
+
+    def _new_seq(self, params) -> _Seq:
+        """Checks the limit a new sequence must fit; no side effects."""
+        if len(self._seqs) >= self.config.max_num_sequence:
+            raise ResourceExhausted(f"draft: max_num_sequence ({self.config.max_num_sequence}) live")
+        return _Seq(SamplingState(_proposal_params(params), self.head.config.vocab_size, self.device))
+
+    def _fork(self, op: ForkSequence) -> None:
+        """Forks at most at the parent's settled length: a child forked beyond it (pairs the
+        draft never got) finds its pairs out of reach and gets no drafts, which is lossless."""
+        seq = self._new_seq(op.sampler)
+        self._settle(op.parent_id)
+        self.allocator.fork(op.seq_id, op.parent_id, min(op.position, self.allocator.length(op.parent_id)))
+        self._seqs[op.seq_id] = seq
+
+    def _pop(self, op: PopTokens) -> None:
+        seq = self._settle(op.seq_id)
+        count = min(op.count, self.allocator.length(op.seq_id))
+        self.allocator.pop(op.seq_id, count)
+        if count:
+            seq.settled = None
+
+    def _settle(self, seq_id: int) -> _Seq:
+        """Drops the sequence's speculative positions and absorbs its buffered real pairs.
+        Pairs that do not continue its KV (some were lost), or that the cache cannot hold, are
+        dropped: the sequence then gets no drafts. Assumes every buffered pair precedes the op:
+        the router sends a Draft call's ops before the target step that applies the same ops."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise NotFound(f"draft: unknown sequence {seq_id}")
+        self.allocator.pop(seq_id, seq.speculative)
+        seq.speculative = 0
+        pairs = _contiguous(self.peer.take(seq_id), self.allocator.length(seq_id))
+        if pairs is not None and self.allocator.pages_needed(seq_id, len(pairs[0])) <= self.allocator.num_free_pages:
+            seq.settled = self._forward([(seq_id, pairs[0], pairs[1])])[0]
+        return seq
 
     def _draft(self, request: DraftRequest) -> dict[int, tuple[int, ...]]:
         for s in request.seqs:
@@ -103,15 +151,21 @@ class DraftEngine:
             pairs = _contiguous(self.peer.take(s.seq_id), self.allocator.length(s.seq_id))
             if pairs is not None:
                 ready[s.seq_id] = pairs
+        start = dict(zip(ready, self._forward([(s, *ready[s]) for s in ready]))) if ready else {}
+        for s in request.seqs:
+            settled = self._seqs[s.seq_id].settled
+            if s.num_tokens > 0 and s.seq_id not in start and settled is not None:
+                start[s.seq_id] = settled
         tokens = {s.seq_id: () for s in request.seqs}
-        if ready:
+        if start:
             k = {s.seq_id: s.num_tokens for s in request.seqs}
-            tokens.update(self._chains(ready, k, request.draft_step_id))
+            tokens.update(self._chains(start, k, request.draft_step_id))
         return tokens
 
-    def _chains(self, ready: dict, k: dict[int, int], draft_step_id: int) -> dict[int, tuple[int, ...]]:
-        seq_ids = list(ready)
-        features = self._forward([(s, ready[s][0], ready[s][1]) for s in seq_ids])
+    def _chains(self, start: dict, k: dict[int, int], draft_step_id: int) -> dict[int, tuple[int, ...]]:
+        """start: seq_id -> the predicted feature [D] of its last real pair."""
+        seq_ids = list(start)
+        features = torch.stack([start[s] for s in seq_ids])
         drafts = {s: [] for s in seq_ids}
         probs = {s: [] for s in seq_ids}
         active = seq_ids

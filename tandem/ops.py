@@ -23,6 +23,9 @@ class ForkSequence:
     parent_id: int
     position: int
     sampler: SamplingParams
+    # Router-internal, never sent: where the draft forks when that differs from `position`
+    # (an n > 1 child forks at L - 1 in the target, at L - 2 in the draft). None: `position`.
+    draft_position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,7 @@ class EngineInfo:
     max_num_sequence: int
     dtype: str
     hidden_size: int
+    sliding_window: int = 0  # 0: none
 
 
 @dataclass(frozen=True, slots=True)

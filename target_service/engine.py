@@ -88,6 +88,7 @@ class TargetEngine:
             max_num_sequence=self.config.max_num_sequence,
             dtype=self.config.dtype,
             hidden_size=mc.hidden_size,
+            sliding_window=mc.sliding_window or 0,
         )
 
     def stats(self) -> EngineStats:
@@ -135,20 +136,30 @@ class TargetEngine:
             self.allocator.add(op.seq_id)
             self._samplers[op.seq_id], self._tokens[op.seq_id] = state, []
         elif isinstance(op, ForkSequence):
-            state = self._new_sampler(op.sampler)
-            self.allocator.fork(op.seq_id, op.parent_id, op.position)
-            prefix = self._tokens[op.parent_id][: op.position]
-            state.observe_prompt(prefix)
-            self._samplers[op.seq_id], self._tokens[op.seq_id] = state, prefix
+            self._fork(op)
         elif isinstance(op, PopTokens):
             self.allocator.pop(op.seq_id, op.count)
             del self._tokens[op.seq_id][len(self._tokens[op.seq_id]) - op.count :]
+            self._carry.pop(op.seq_id, None)  # it would pair with the wrong next token
         elif isinstance(op, RemoveSequence):
             self.allocator.remove(op.seq_id)
             del self._samplers[op.seq_id], self._tokens[op.seq_id]
             self._carry.pop(op.seq_id, None)
         else:
             raise InvalidArgument(f"unknown sequence op {op!r}")
+
+    def _fork(self, op: ForkSequence) -> None:
+        """The child shares the parent's first `position` tokens. Forked at the parent's full
+        length, it also inherits the parent's carry: an n > 1 child whose parent prefilled the
+        prompt without its last token pairs the parent's last hidden state with that token."""
+        state = self._new_sampler(op.sampler)
+        self.allocator.fork(op.seq_id, op.parent_id, op.position)
+        prefix = self._tokens[op.parent_id][: op.position]
+        state.observe_prompt(prefix)
+        self._samplers[op.seq_id], self._tokens[op.seq_id] = state, prefix
+        carry = self._carry.get(op.parent_id)
+        if carry is not None and op.position == self.allocator.length(op.parent_id):
+            self._carry[op.seq_id] = carry.clone()
 
     def _new_sampler(self, params: SamplingParams) -> SamplingState:
         """Checks the limits a new sequence must fit; no side effects."""

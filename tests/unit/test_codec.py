@@ -1,9 +1,12 @@
-"""Round trips of the peer-stream tensors: dense, sparse draft probabilities, bf16."""
+"""Round trips of the peer-stream tensors (dense, sparse draft probabilities, bf16) and of
+the engine info and sequence ops."""
 
 import torch
 
 from tandem import codec
+from tandem.ops import EngineInfo, ForkSequence
 from tandem.peer import DraftProbs, HiddenPairs, HiddenStep
+from tandem.sampling.params import SamplingParams
 from tandem.tensors import tensor_from_pb, tensor_to_pb
 
 
@@ -34,3 +37,15 @@ def test_hidden_step_round_trip():
     back = codec.hidden_step_from_pb(codec.hidden_step_to_pb(step))
     assert back.step_id == 7 and back.seqs[0].start == 10 and back.seqs[0].tokens == (5, 6)
     assert torch.equal(back.seqs[0].hidden, step.seqs[0].hidden)
+
+
+def test_engine_info_round_trip_keeps_the_sliding_window():
+    info = EngineInfo("m", "llama", 64, 512, 16, 100, 8, "float32", 64, sliding_window=4096)
+    assert codec.info_from_pb(codec.info_to_pb(info)) == info
+    assert EngineInfo("m", "llama", 64, 512, 16, 100, 8, "float32", 64).sliding_window == 0
+
+
+def test_fork_round_trip_drops_the_router_internal_draft_position():
+    fork = ForkSequence(5, 2, 9, SamplingParams(temperature=0), draft_position=8)
+    back = codec.op_from_pb(codec.op_to_pb(fork))
+    assert back == ForkSequence(5, 2, 9, SamplingParams(temperature=0)) and back.draft_position is None
