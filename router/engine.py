@@ -111,22 +111,33 @@ class RouterEngine:
 
     async def _loop(self) -> None:
         while True:
-            plan = self.scheduler.schedule()
-            if plan.empty and not plan.draft_ops:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            draft_step = 0
-            if self.speculator:
-                plan, draft_step = await self._speculate(plan)
-            self.scheduler.commit(plan)
             try:
-                result = await self._step(plan, draft_step)
-            except TandemError as e:
-                self._fail_running(e)
-                await self._reset_target()  # before any new sequence reaches the target
-                continue
-            self._postprocess(plan, result)
+                await self._iterate()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug must not hang every request: fail those running
+                log.exception("router engine step failed")
+                self._fail_running(TandemError(f"router internal error: {e!r}"))
+                await self._reset_target()
+
+    async def _iterate(self) -> None:
+        """One step: schedule -> draft -> target -> postprocess (or wait for work)."""
+        plan = self.scheduler.schedule()
+        if plan.empty and not plan.draft_ops:
+            self._wake.clear()
+            await self._wake.wait()
+            return
+        draft_step = 0
+        if self.speculator:
+            plan, draft_step = await self._speculate(plan)
+        self.scheduler.commit(plan)
+        try:
+            result = await self._step(plan, draft_step)
+        except TandemError as e:
+            self._fail_running(e)
+            await self._reset_target()  # before any new sequence reaches the target
+            return
+        self._postprocess(plan, result)
 
     async def _speculate(self, plan: StepPlan) -> tuple[StepPlan, int]:
         plan, draft_step, unserved = await self.speculator.propose(plan, self._last_step)

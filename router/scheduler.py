@@ -69,9 +69,9 @@ class Scheduler:
         tokens = len(request.spec.prompt_ids) + request.spec.max_tokens
         if pages_for(tokens, spec.kv_page_size) + 1 > spec.kv_pages_total or tokens > spec.max_total_sequence_length:
             raise ResourceExhausted(
-                f"prompt + max_tokens = {tokens} tokens cannot fit the KV cache"
-                f" ({spec.kv_pages_total} pages of {spec.kv_page_size}, max_total_sequence_length"
-                f" {spec.max_total_sequence_length})"
+                f"prompt + max_tokens = {tokens} tokens can never fit: the KV cache holds"
+                f" {spec.kv_pages_total} KV pages of {spec.kv_page_size} tokens"
+                f" (max_total_sequence_length {spec.max_total_sequence_length})"
             )
         if len(self.waiting) >= spec.max_waiting:
             raise ResourceExhausted(f"{len(self.waiting)} requests already waiting (max_waiting)")
@@ -168,9 +168,11 @@ class Scheduler:
         return StepPlan(ops, tuple(entries), tuple(seqs), draft_ops)
 
     def commit(self, plan: StepPlan) -> None:
-        """The plan as sent (drafts included): its tokens take KV slots."""
-        for entry in plan.entries:
-            self.kv.append(entry.seq_id, len(entry.token_ids))
+        """The plan as sent (drafts included): its tokens take KV slots. A sequence cancelled
+        while the plan was drafted is already gone here (its remove rides on the next step)."""
+        for entry, seq in zip(plan.entries, plan.seqs):
+            if seq.live:
+                self.kv.append(entry.seq_id, len(entry.token_ids))
 
     def on_result(self, seq: Sequence, entry: StepEntry, result: EntryResult) -> None:
         """Mirrors what the step kept in the target's KV."""
@@ -186,11 +188,11 @@ class Scheduler:
 
     def _reserve_decodes(self) -> int:
         """Pages the decode (verify) entries of this step need; evicts and preempts until
-        they fit."""
+        they fit, with the next chunks of the prefills in progress."""
         while True:
             decoding = [s for s in self.running if s.pending_token is not None]
             need = sum(self.kv.pages_needed(s.seq_id, 1 + self._drafts(s)) for s in decoding)
-            if need <= self.kv.free_pages:
+            if need + self._chunk_pages() <= self.kv.free_pages:
                 return need
             if ops := self.kv.evict():
                 self._send(ops)
@@ -198,6 +200,16 @@ class Scheduler:
                 self._preempt(self.running[-1])
             else:
                 return need  # one sequence alone always fits (checked at enqueue)
+
+    def _chunk_pages(self) -> int:
+        """Pages the next chunks of the prefills in progress take (as `schedule` cuts them)."""
+        budget, pages = self.limits.prefill_chunk_size, 0
+        for seq in self.running:
+            if budget and seq.prefill_left:
+                size = min(seq.prefill_left, budget)
+                pages += self.kv.pages_needed(seq.seq_id, size)
+                budget -= size
+        return pages
 
     def _drafts(self, seq: Sequence) -> int:
         return self.limits.spec_draft_length if seq.draft_live else 0
