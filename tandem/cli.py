@@ -226,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--n", type=int, default=1, help="completions of the prompt (prefilled once)")
     p.add_argument("--stop", action="append", default=[])
     p.set_defaults(func=cmd_generate)
 

@@ -15,6 +15,8 @@ def build_request(args) -> pb.GenerateRequest:
     params = pb.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, stop=args.stop)
     if args.seed is not None:
         params.seed = args.seed
+    if args.n != 1:
+        params.n = args.n
     if args.raw:
         return pb.GenerateRequest(prompt=args.text, params=params)
     return pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content=args.text)], params=params)
@@ -26,18 +28,23 @@ def generate(args) -> int:
         started = time.perf_counter()
         first = None
         usage = None
+        texts: dict[int, list[str]] = {}  # n > 1: each choice is printed whole at the end
         try:
             for response in stub.Generate(build_request(args), timeout=600):
                 first = first or time.perf_counter()
                 for choice in response.choices:
-                    sys.stdout.write(choice.text)
-                    sys.stdout.flush()
+                    texts.setdefault(choice.index, []).append(choice.text)
+                    if args.n == 1:
+                        sys.stdout.write(choice.text)
+                        sys.stdout.flush()
                 if response.HasField("usage"):
                     usage = response.usage
         except grpc.RpcError as e:
             print(f"\nerror: {e.code().name}: {e.details()}", file=sys.stderr)
             return 1
         elapsed = time.perf_counter() - started
+        for index in sorted(texts) if args.n > 1 else ():
+            print(f"[{index}] {''.join(texts[index])}")
         print()
         stats = stub.Stats(pb.StatsRequest(), timeout=10)
     _print_figures(usage, stats, elapsed, (first or started) - started)
@@ -48,7 +55,8 @@ def _print_figures(usage, stats, elapsed: float, ttft: float) -> None:
     tokens = usage.completion_tokens if usage else 0
     print(
         f"--\nprompt {usage.prompt_tokens} tokens, completion {tokens} tokens in {elapsed:.2f} s"
-        f" ({tokens / max(elapsed, 1e-9):.1f} tok/s, first token {ttft * 1e3:.0f} ms)",
+        f" ({tokens / max(elapsed, 1e-9):.1f} tok/s, first token {ttft * 1e3:.0f} ms;"
+        f" {usage.cached_prompt_tokens} prompt tokens from the prefix cache)",
         file=sys.stderr,
     )
     if stats.speculation_active:

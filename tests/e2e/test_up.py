@@ -35,6 +35,12 @@ def test_up_generate_health_and_sigterm(tiny_model):
         assert "speculation: off" in out.stderr
         chat = tandem_cli("generate", "Hello there", "--max-tokens", "5", "--address", f"127.0.0.1:{router}")
         assert chat.returncode == 0, chat.stderr
+        # The same prompt again, three completions: the prefix cache serves the prompt.
+        three = tandem_cli("generate", "Hello there", "--max-tokens", "5", "--n", "3", "--temperature", "1",
+                           "--seed", "5", "--address", f"127.0.0.1:{router}")
+        assert three.returncode == 0, three.stderr
+        assert all(f"[{i}] " in three.stdout for i in range(3)), three.stdout
+        assert " 0 prompt tokens from the prefix cache" not in three.stderr, three.stderr
     finally:
         up.send_signal(signal.SIGTERM)
         code = up.wait(timeout=60)
