@@ -73,8 +73,9 @@ class Scheduler:
                 f" {spec.kv_pages_total} KV pages of {spec.kv_page_size} tokens"
                 f" (max_total_sequence_length {spec.max_total_sequence_length})"
             )
-        if len(self.waiting) >= spec.max_waiting:
-            raise ResourceExhausted(f"{len(self.waiting)} requests already waiting (max_waiting)")
+        waiting = len({id(s.request) for s in self.waiting})  # a tree may wait as n roots
+        if waiting >= spec.max_waiting:
+            raise ResourceExhausted(f"{waiting} requests already waiting (max_waiting)")
         roots = [request.parent] if request.parent else request.choices
         self.waiting.extend(roots)
 

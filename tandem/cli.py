@@ -166,8 +166,9 @@ def cmd_health(args) -> int:
 
 def cmd_bench(args) -> int:
     from tandem.bench.plain import run_bench
+    from tandem.bench.prefix import run_prefix_bench
 
-    return run_bench(args)
+    return run_prefix_bench(args) if args.mode == "prefix" else run_bench(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

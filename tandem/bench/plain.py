@@ -20,7 +20,7 @@ from tandem.v1 import generate_pb2_grpc
 
 
 def add_bench_flags(p) -> None:
-    p.add_argument("--mode", choices=["plain"], default="plain")
+    p.add_argument("--mode", choices=["plain", "prefix"], default="plain")
     p.add_argument("--model", default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--questions", type=int, default=80, help="MT-bench first turns to use (of 80)")

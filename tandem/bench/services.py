@@ -16,7 +16,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_services(model: Path, dtype: str, threads: int = 0, extra_target: tuple[str, ...] = ()):
+def running_services(model: Path, dtype: str, threads: int = 0, extra_target: tuple[str, ...] = (),
+                     extra_router: tuple[str, ...] = ()):
     """Yields the router's address; stops both processes afterwards."""
     tport, rport = free_port(), free_port()
     cli = [sys.executable, "-m", "tandem.cli"]
@@ -27,7 +28,7 @@ def running_services(model: Path, dtype: str, threads: int = 0, extra_target: tu
         procs.append(subprocess.Popen(target))
         wait_healthy(f"127.0.0.1:{tport}", procs)
         router = [*cli, "--log-level", "WARNING", "router", "--model", str(model), "--dtype", dtype,
-                  "--host", "127.0.0.1", "--port", str(rport), "--target", f"127.0.0.1:{tport}"]
+                  "--host", "127.0.0.1", "--port", str(rport), "--target", f"127.0.0.1:{tport}", *extra_router]
         procs.append(subprocess.Popen(router))
         wait_healthy(f"127.0.0.1:{rport}", procs)
         yield f"127.0.0.1:{rport}"

@@ -9,32 +9,12 @@ import pytest
 from draft_service.config import DraftConfig
 from draft_service.server import start_draft
 from tandem.models.eagle_io import random_eagle_checkpoint
-from tandem.testing.eagle_train import train_tiny_eagle
 from tandem.testing.tiny import TINY_PROMPTS
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
-from tandem.testing.tiny import build_tiny_model
 from tests.services.harness import generate, start_services
-from tests.services.test_generate import greedy, sampled, transformers_greedy
-
-# A 1-layer target: a 2-layer random one is too chaotic for a head trained in seconds to
-# predict (about 2% top-1), while this one gives a trained head about 50%.
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny1", seed=0, num_layers=1)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model):
-    return transformers_greedy(tiny_model)
-
-
-@pytest.fixture(scope="module")
-def trained_head(tiny_model, tmp_path_factory):
-    return train_tiny_eagle(tiny_model, tmp_path_factory.mktemp("heads") / "trained", seed=0)
-
+from tests.services.eagle_fixtures import reference, tiny_model, trained_head  # noqa: F401 (fixtures)
+from tests.services.test_generate import greedy, sampled
 
 @pytest.fixture(scope="module")
 def random_head(tiny_model, tmp_path_factory):

@@ -10,36 +10,21 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from tandem.testing.eagle_train import train_tiny_eagle
-from tandem.testing.tiny import TINY_PROMPTS, build_tiny_model
+from tandem.testing.tiny import TINY_PROMPTS
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
 from tests.services.harness import generate, start_services
-from tests.services.test_generate import NEW_TOKENS, greedy, sampled, transformers_greedy
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny1", seed=0, num_layers=1)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model):
-    return transformers_greedy(tiny_model)
-
-
-@pytest.fixture(scope="module")
-def head(tiny_model, tmp_path_factory):
-    return train_tiny_eagle(tiny_model, tmp_path_factory.mktemp("heads") / "trained", seed=0)
+from tests.services.eagle_fixtures import reference, tiny_model, trained_head  # noqa: F401 (fixtures)
+from tests.services.test_generate import NEW_TOKENS, greedy, sampled
 
 
 @pytest.fixture
-def launch(tiny_model, head):
+def launch(tiny_model, trained_head):
     """Starts services (EAGLE unless eagle=False); checks for leaks and stops them after."""
     started = []
 
     def start(eagle=True, target=None, **router):
-        s = start_services(tiny_model, draft_model=head if eagle else None, target=target, router=router)
+        s = start_services(tiny_model, draft_model=trained_head if eagle else None, target=target, router=router)
         started.append(s)
         return s
 
