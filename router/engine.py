@@ -40,6 +40,7 @@ class Counters:
     step_errors_total: int = 0
     step_ms_total: float = 0.0
     target_compute_ms_total: float = 0.0
+    kv_mirror_mismatches: int = 0  # steps after which the router's page view differed: a bug
 
 
 class RouterEngine:
@@ -163,10 +164,12 @@ class RouterEngine:
         self.kv_pages_free = result.kv_pages_free
         by_seq = {r.seq_id: r for r in result.results}
         for entry, seq in zip(plan.entries, plan.seqs):
+            self.scheduler.on_result(seq, entry, by_seq[entry.seq_id])
+        self._check_mirror(result.kv_pages_free)
+        for entry, seq in zip(plan.entries, plan.seqs):
             outcome = by_seq[entry.seq_id]
             if entry.num_draft_tokens:
                 self.speculator.stats.record(entry.num_draft_tokens, outcome.num_accepted)
-            self.scheduler.on_result(seq, entry, outcome)
             if seq.finished or not outcome.tokens or seq.output is None:
                 continue  # cancelled while the step ran, a chunk with prompt left, a parent
             delta = seq.output.process(outcome.tokens)
@@ -178,6 +181,15 @@ class RouterEngine:
                 self.scheduler.finish(seq)
                 if seq.request.finished:
                     self._retire(seq.request)
+
+    def _check_mirror(self, target_free: int) -> None:
+        """The router's page view must equal the target's after a step (unless ops queued
+        while it ran, such as a cancel, are still to be sent)."""
+        if self.scheduler.has_pending_ops():
+            return
+        if self.scheduler.kv.free_pages != target_free:
+            self.counters.kv_mirror_mismatches += 1
+            log.warning("KV page view diverged: router %d free, target %d", self.scheduler.kv.free_pages, target_free)
 
     def _fail_running(self, error: TandemError) -> None:
         """A failed step leaves the target's state unknown: fail every request it ran and start

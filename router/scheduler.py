@@ -99,6 +99,9 @@ class Scheduler:
             self._send(self.kv.recycle(seq.seq_id))
             seq.live = False
 
+    def has_pending_ops(self) -> bool:
+        return bool(self._ops)
+
     def flush_prefix_cache(self) -> None:
         """Evicts every recycled sequence (their removal rides on the next step)."""
         while ops := self.kv.evict():
