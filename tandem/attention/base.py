@@ -18,11 +18,15 @@ from tandem.kv.cache import PagedKVCache
 class SequenceSlice:
     """One sequence of a batch: `num_new` tokens appended after `num_cached` cached ones.
 
-    key_slots: flat KV slots of all num_cached + num_new tokens, in order."""
+    key_slots: flat KV slots of all num_cached + num_new tokens, in order.
+    tree_mask: None for causal new tokens; for a token tree (tree verification) a bool
+        [num_new, num_new] tensor: new token i sees new token j iff tree_mask[i, j] (itself and
+        its ancestors). Every new token sees all cached ones."""
 
     num_cached: int
     num_new: int
     key_slots: list[int]
+    tree_mask: torch.Tensor | None = None
 
 
 class AttentionBackend(ABC):

@@ -46,6 +46,7 @@ class TorchAttention(AttentionBackend):
         mask = None
         if batch > 1 or max_q > 1 or sliding_window is not None or max_k != int(k_lens[0]):
             mask = _causal_mask(q_lens, k_lens, max_q, max_k, sliding_window)
+            _apply_trees(mask, slices)
         dev = self.device
         return TorchPlan(
             query_index=query_index.to(dev),
@@ -73,6 +74,14 @@ def _gather(layer_cache: torch.Tensor, plan: TorchPlan) -> torch.Tensor:
     _, kvh, d = layer_cache.shape
     units = layer_cache.view(-1, plan.page_size, kvh, d).index_select(0, plan.key_index)
     return units.view(plan.query_index.shape[0], plan.max_k, kvh, d)
+
+
+def _apply_trees(mask: torch.Tensor, slices: list[SequenceSlice]) -> None:
+    """Replaces the causal block among a tree's new tokens by its tree mask; mask: [B, 1,
+    max_q, max_k], changed in place."""
+    for row, s in enumerate(slices):
+        if s.tree_mask is not None:
+            mask[row, 0, : s.num_new, s.num_cached : s.num_cached + s.num_new] = s.tree_mask
 
 
 def _causal_mask(q_lens, k_lens, max_q, max_k, sliding_window):

@@ -40,3 +40,20 @@ class PagedKVCache:
             for layer_k, layer_v in zip(self.k, self.v):
                 layer_k[dst : dst + copy.num_slots] = layer_k[src : src + copy.num_slots]
                 layer_v[dst : dst + copy.num_slots] = layer_v[src : src + copy.num_slots]
+
+    def keep_path(self, seq_id: int, start: int, kept: Sequence[int]) -> None:
+        """After tree verification: the sequence's tokens from `start` on were tree nodes in
+        node order; keep the nodes `kept` (increasing node indices: a root-to-node path), moved
+        to positions start, start + 1, ..., and drop the rest."""
+        assert list(kept) == sorted(set(kept)), f"kept nodes must increase: {kept}"
+        slots = self.allocator.slots(seq_id)
+        num_nodes = len(slots) - start
+        assert all(0 <= n < num_nodes for n in kept), (kept, num_nodes)
+        moves = [(slots[start + n], slots[start + i]) for i, n in enumerate(kept) if n != i]
+        if moves:  # dst <= src, and indexing reads every source before it writes
+            src = torch.tensor([m[0] for m in moves], device=self.k[0].device)
+            dst = torch.tensor([m[1] for m in moves], device=self.k[0].device)
+            for layer_k, layer_v in zip(self.k, self.v):
+                layer_k[dst] = layer_k[src]
+                layer_v[dst] = layer_v[src]
+        self.allocator.pop(seq_id, num_nodes - len(kept))
