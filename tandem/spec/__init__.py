@@ -1,0 +1,1 @@
+"""Speculative decoding structures that are pure algorithms: token trees of draft tokens."""
