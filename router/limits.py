@@ -41,6 +41,11 @@ class EngineLimits:
         for name in ("max_held_sequences", "prefill_chunk_size", "kv_page_size", "kv_pages_total", "max_waiting"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_held_sequences < 2:
+            raise InvalidArgument(
+                f"max_held_sequences ({self.max_held_sequences}) must be at least 2: a request tree"
+                " holds its parent and a child at once"
+            )
         if self.spec_draft_length < 0:
             raise InvalidArgument(f"spec_draft_length must be >= 0, got {self.spec_draft_length}")
         if self.max_num_sequence < self.slots_per_sequence:

@@ -283,6 +283,14 @@ class PrefixCache:
         self._tree.fork(seq_id, forked, lengths[forked])
         return PrefixMatch(lengths[forked], forked_seq_id=forked)
 
+    def touch_best_match(self, tokens: Sequence[int]) -> None:
+        """Marks the recycled sequence that best matches a prompt about to be admitted as
+        recently used, so that making room for it does not evict its own match first."""
+        lengths = self._tree.matched_lengths(tokens[:-1])
+        best = max((s for s in lengths if s in self._recycled), key=lambda s: (lengths[s], -s), default=None)
+        if best is not None:
+            self._recycled.move_to_end(best)
+
     def _reusable(self, seq_id: int, matched: int, window: tuple[int, int]) -> bool:
         length = self._tree.length(seq_id)
         if matched == 0 or self._window[seq_id] != window:

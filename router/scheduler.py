@@ -55,6 +55,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # live sequences that prefill or decode
         self.forking: list[Sequence] = []  # prefilled parents with children left to fork
         self.preempted_total = 0
+        self.cached_tokens_total = 0  # input tokens the prefix cache saved, resumed sequences included
         self._ops: list[SequenceOp] = []
         self._draft_ops: list[SequenceOp] = []
         self._seq_ids = itertools.count(1)
@@ -202,8 +203,15 @@ class Scheduler:
                 self._send(ops)
             elif len(self.running) > 1:
                 self._preempt(self.running[-1])
+            elif parent := self._idle_parent():
+                self._preempt(parent)
             else:
                 return need  # one sequence alone always fits (checked at enqueue)
+
+    def _idle_parent(self) -> Sequence | None:
+        """A prefilled parent of a request that runs nothing now: its pages are its own."""
+        busy = {id(s.request) for s in self.running}
+        return next((p for p in reversed(self.forking) if id(p.request) not in busy), None)
 
     def _chunk_pages(self) -> int:
         """Pages the next chunks of the prefills in progress take (as `schedule` cuts them)."""
@@ -219,8 +227,9 @@ class Scheduler:
         return self.limits.spec_draft_length if seq.draft_live else 0
 
     def _preempt(self, seq: Sequence) -> None:
-        """Drops its KV; it waits first in line, to resume from its prompt + output so far."""
-        self.running.remove(seq)
+        """Drops its KV; it waits first in line, to resume from its prompt + output so far (a
+        parent: to prefill the prompt again for the children it has left to fork)."""
+        self._drop(seq)
         self._send(self.kv.remove(seq.seq_id))
         seq.live = seq.draft_live = False
         seq.seq_id = self.new_seq_id()
@@ -243,14 +252,16 @@ class Scheduler:
         seqs.append(seq)
         room.take(size, self.kv.pages_needed(seq.seq_id, size))
 
-    def _has_slot(self, room: "_Room", tokens: int) -> bool:
+    def _has_slot(self, room: "_Room", tokens: int, pages: int | None = None, held: int = 1) -> bool:
         """A new running sequence with `tokens` to prefill now fits: the step budget, a
-        sequence slot, a held sequence (evicting recycled ones) and pages (likewise)."""
+        sequence slot, `held` more held sequences (evicting recycled ones) and pages (likewise;
+        `pages`: exactly, else a bound), with a page of headroom per running sequence."""
         if not room.tokens or len(self.running) >= self.limits.max_running:
             return False
         if room.length + tokens > self.limits.max_total_sequence_length:
             return False
-        while self.kv.held >= self.limits.max_held_sequences or not room.fits(self.kv, self.kv.new_pages_bound(tokens) + len(self.running)):
+        pages = self.kv.new_pages_bound(tokens) if pages is None else pages
+        while self.kv.held + held > self.limits.max_held_sequences or not room.fits(self.kv, pages + len(self.running)):
             if not (ops := self.kv.evict()):
                 return False
             self._send(ops)
@@ -259,7 +270,8 @@ class Scheduler:
     def _activate_children(self, room: "_Room", entries: list, seqs: list) -> None:
         for parent in list(self.forking):
             request = parent.request
-            while request.unactivated and self._has_slot(room, 1):
+            # A child's fork takes one page: a copy of the parent's partial last page, or a new one.
+            while request.unactivated and self._has_slot(room, 1, pages=1):
                 child = request.unactivated.pop(0)
                 child.seq_id = self.new_seq_id()
                 child.draft_live = parent.draft_live
@@ -275,7 +287,7 @@ class Scheduler:
                 parent.live = False
 
     def _admit(self, room: "_Room", entries: list, seqs: list) -> None:
-        while self.waiting and self._has_slot(room, min(self.waiting[0].prefill_left, room.tokens)):
+        while self.waiting and self._admissible(self.waiting[0], room):
             seq = self.waiting.popleft()
             speculate = bool(self.speculates and self.speculates(seq))
             mirrors = self.draft_held.__contains__ if speculate else None
@@ -283,6 +295,7 @@ class Scheduler:
             ops, seq.num_prefilled = self.kv.add_root(
                 seq.seq_id, tokens, seq.sampler, draft_lags=speculate, is_parent=seq.is_parent, eligible=mirrors)
             self._send(ops, speculates=speculate)
+            self.cached_tokens_total += seq.num_prefilled
             if not seq.output_ids:  # a resumed sequence reported its cached tokens already
                 seq.request.cached_prompt_tokens = max(seq.request.cached_prompt_tokens, seq.num_prefilled)
             seq.live, seq.draft_live = True, speculate
@@ -292,6 +305,15 @@ class Scheduler:
             elif seq.is_parent:  # the whole prompt but its last token was cached
                 self.running.remove(seq)
                 self.forking.append(seq)
+
+
+    def _admissible(self, seq: Sequence, room: "_Room") -> bool:
+        """A parent comes in only with room for a child beside it, and while no other parent
+        is live: parents that cannot fork would hold slots for nothing."""
+        if seq.is_parent and (self.forking or any(s.is_parent for s in self.running)):
+            return False
+        self.kv.cache.touch_best_match(seq.spec.prompt_ids if seq.is_parent else seq.input_ids)
+        return self._has_slot(room, min(seq.prefill_left, room.tokens), held=2 if seq.is_parent else 1)
 
 
 @dataclass(slots=True)
