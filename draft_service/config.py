@@ -22,7 +22,19 @@ class DraftConfig:
     num_threads: int = 0
     # How long a Draft call waits for the target step whose hidden states it needs.
     hidden_timeout_s: float = 10.0
+    # Draft shape: "chain" (k tokens, k from the router) or "tree" (verified as a token tree).
+    shape: str = "chain"
+    # EAGLE trees (EAGLE-2's dynamic tree): expand the top_k most probable frontier nodes by
+    # their top_k children per depth, keep the node_budget most probable nodes.
+    tree_top_k: int = 4
+    tree_node_budget: int = 16
+    # Medusa trees: a preset name of tandem.spec.token_tree or a JSON list of rank tuples.
+    medusa_choices: str = ""
 
     def __post_init__(self) -> None:
+        if self.shape not in ("chain", "tree"):
+            raise InvalidArgument(f"shape must be 'chain' or 'tree', got {self.shape!r}")
+        if self.tree_top_k <= 0 or self.tree_node_budget <= 0:
+            raise InvalidArgument("tree_top_k and tree_node_budget must be positive")
         if self.kv_cache_tokens < self.kv_page_size or self.kv_page_size <= 0:
             raise InvalidArgument(f"kv_cache_tokens ({self.kv_cache_tokens}) must hold a page ({self.kv_page_size})")

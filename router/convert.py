@@ -116,5 +116,15 @@ def usage_to_pb(request: Request) -> pb.Usage:
         cached_prompt_tokens=request.cached_prompt_tokens,
         draft_tokens=sum(s.draft_tokens for s in request.choices),
         accepted_draft_tokens=sum(s.accepted_draft_tokens for s in request.choices),
+        verify_steps=sum(s.verify_steps for s in request.choices),
+        accepted_by_depth=_sum_lists([s.accepted_by_depth for s in request.choices]),
     )
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int]:
+    out = [0] * max((len(x) for x in lists), default=0)
+    for x in lists:
+        for i, v in enumerate(x):
+            out[i] += v
+    return out
 

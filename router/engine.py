@@ -58,7 +58,8 @@ class RouterEngine:
         self.tokenizer = tokenizer
         self.target = target
         self.info = info
-        self.limits = resolve_limits(config, info, draft_max_num_sequence if speculator else None)
+        self.limits = resolve_limits(config, info, draft_max_num_sequence if speculator else None,
+                                     speculator.max_draft_tokens if speculator else 0)
         self.speculator = speculator
         self.scheduler = Scheduler(self.limits, speculator.wants if speculator else None)
         if speculator:
@@ -169,13 +170,16 @@ class RouterEngine:
         for entry, seq in zip(plan.entries, plan.seqs):
             outcome = by_seq[entry.seq_id]
             if entry.num_draft_tokens:
-                self.speculator.stats.record(entry.num_draft_tokens, outcome.num_accepted)
+                self.speculator.stats.record(entry.num_draft_tokens, outcome.num_accepted, _depth(entry))
             if seq.finished or not outcome.tokens or seq.output is None:
                 continue  # cancelled while the step ran, a chunk with prompt left, a parent
             delta = seq.output.process(outcome.tokens)
             # Usage counts what the client got: drafts after a stop are not accepted tokens.
             seq.draft_tokens += entry.num_draft_tokens
-            seq.accepted_draft_tokens += min(outcome.num_accepted, len(delta.tokens))
+            accepted = min(outcome.num_accepted, len(delta.tokens))
+            seq.accepted_draft_tokens += accepted
+            if entry.num_draft_tokens:
+                _count_depths(seq, accepted)
             seq.request.queue.put_nowait(delta)
             if seq.finished:
                 self.scheduler.finish(seq)
@@ -219,6 +223,24 @@ class RouterEngine:
                     self.cancel(request)
                 self.scheduler.reset()
                 await asyncio.sleep(RESET_RETRY_S)
+
+
+def _depth(entry) -> int:
+    """How deep an entry's drafts go: a chain's length, a tree's deepest node."""
+    if not entry.tree_parents:
+        return entry.num_draft_tokens
+    depths = [0]
+    for parent in entry.tree_parents:
+        depths.append(depths[parent] + 1)
+    return max(depths)
+
+
+def _count_depths(seq, accepted: int) -> None:
+    seq.verify_steps += 1
+    while len(seq.accepted_by_depth) < accepted:
+        seq.accepted_by_depth.append(0)
+    for i in range(accepted):
+        seq.accepted_by_depth[i] += 1
 
 
 def _as_error(e: grpc.aio.AioRpcError) -> TandemError:

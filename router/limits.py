@@ -36,6 +36,7 @@ class EngineLimits:
     kv_pages_total: int
     max_waiting: int = 1024
     sliding_window: int = 0
+    max_draft_tokens: int = 0  # draft tokens (tree nodes) per verify at most; 0: spec_draft_length
 
     def __post_init__(self) -> None:
         for name in ("max_held_sequences", "prefill_chunk_size", "kv_page_size", "kv_pages_total", "max_waiting"):
@@ -62,6 +63,11 @@ class EngineLimits:
             )
 
     @property
+    def drafts_per_verify(self) -> int:
+        """KV slots a speculating sequence's verify may take beyond its own token."""
+        return self.max_draft_tokens or self.spec_draft_length
+
+    @property
     def slots_per_sequence(self) -> int:
         return self.spec_draft_length + 1
 
@@ -71,9 +77,10 @@ class EngineLimits:
         return self.max_num_sequence // self.slots_per_sequence
 
 
-def resolve_limits(config, info: EngineInfo, draft_max_num_sequence: int | None) -> EngineLimits:
+def resolve_limits(config, info: EngineInfo, draft_max_num_sequence: int | None,
+                   draft_max_tokens: int = 0) -> EngineLimits:
     """`config`: the RouterConfig (0 = take the target's value); `draft_max_num_sequence`:
-    None without a draft service."""
+    None without a draft service; `draft_max_tokens`: tree nodes per sequence (0: a chain of k)."""
     if config.kv_page_size and config.kv_page_size != info.kv_page_size:
         raise InvalidArgument(
             f"kv_page_size ({config.kv_page_size}) differs from the target's ({info.kv_page_size})"
@@ -94,4 +101,5 @@ def resolve_limits(config, info: EngineInfo, draft_max_num_sequence: int | None)
         kv_pages_total=info.kv_pages_total,
         max_waiting=config.max_waiting,
         sliding_window=info.sliding_window,
+        max_draft_tokens=max(k, draft_max_tokens) if k else 0,
     )

@@ -75,6 +75,8 @@ class Sequence:
     draft_live: bool = False  # the draft service holds one too: it speculates
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    verify_steps: int = 0
+    accepted_by_depth: list[int] = field(default_factory=list)
     output: object = None  # its OutputProcessor (not for a parent)
 
     @property

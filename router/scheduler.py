@@ -186,7 +186,9 @@ class Scheduler:
         rejected = entry.num_draft_tokens - result.num_accepted
         if rejected:
             self.kv.pop(seq.seq_id, rejected)
-        self.kv.commit(seq.seq_id, entry.token_ids[: len(entry.token_ids) - rejected])
+        # The accepted drafts (a path of a tree) follow the entry's own tokens in the KV.
+        own = entry.token_ids[: len(entry.token_ids) - entry.num_draft_tokens]
+        self.kv.commit(seq.seq_id, own + tuple(t.token_id for t in result.tokens[: result.num_accepted]))
         if seq.is_parent and not seq.prefill_left and seq in self.running:
             self.running.remove(seq)
             self.forking.append(seq)
@@ -224,7 +226,7 @@ class Scheduler:
         return pages
 
     def _drafts(self, seq: Sequence) -> int:
-        return self.limits.spec_draft_length if seq.draft_live else 0
+        return self.limits.drafts_per_verify if seq.draft_live else 0
 
     def _preempt(self, seq: Sequence) -> None:
         """Drops its KV; it waits first in line, to resume from its prompt + output so far (a

@@ -54,7 +54,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             vocab_size=info.vocab_size,
             max_context_length=info.max_context_length,
             dtype=info.dtype,
-            draft_method="eagle" if self.engine.speculator else "none",
+            draft_method=self.engine.speculator.method or "unknown" if self.engine.speculator else "none",
             spec_draft_length=self.engine.speculator.k if self.engine.speculator else 0,
             eos_token_ids=sorted(self.engine.tokenizer.eos_token_ids),
         )

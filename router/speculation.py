@@ -30,7 +30,7 @@ class SpecStats:
     emitted: int = 0  # tokens those entries emitted (accepted + 1)
     draft_tokens: int = 0
     accepted_tokens: int = 0
-    proposed_at: list[int] = field(default_factory=list)  # per draft position
+    proposed_at: list[int] = field(default_factory=list)  # per draft position (tree depth)
     accepted_at: list[int] = field(default_factory=list)
     draft_failures: int = 0
 
@@ -41,15 +41,18 @@ class SpecStats:
     def acceptance_by_position(self) -> list[float]:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
 
-    def record(self, num_drafts: int, num_accepted: int) -> None:
+    def record(self, num_drafts: int, num_accepted: int, depth: int | None = None) -> None:
+        """One verify of `num_drafts` draft tokens; `depth`: a tree's depth (a chain's is its
+        length); position i counts as proposed when the drafts reach depth i + 1."""
+        depth = num_drafts if depth is None else depth
         self.verify_steps += 1
         self.emitted += num_accepted + 1
         self.draft_tokens += num_drafts
         self.accepted_tokens += num_accepted
-        while len(self.proposed_at) < num_drafts:
+        while len(self.proposed_at) < depth:
             self.proposed_at.append(0)
             self.accepted_at.append(0)
-        for i in range(num_drafts):
+        for i in range(depth):
             self.proposed_at[i] += 1
             self.accepted_at[i] += i < num_accepted
 
@@ -66,7 +69,9 @@ class Speculator:
         self.probe_s = probe_s
         self.healthy = True
         self.stats = SpecStats()
-        self.max_sequences = 0  # the draft's own limit, from its Info
+        self.max_sequences = 0  # the draft's own limits, from its Info
+        self.max_draft_tokens = 0  # tree nodes per sequence (0: k, a chain)
+        self.method, self.shape = "", "chain"
         self.on_down = lambda: None  # the router engine's: the draft holds nothing any more
         self._ops: list[SequenceOp] = []
         self._draft_ids = itertools.count(1)
@@ -77,10 +82,14 @@ class Speculator:
         left; if it does not come, serve plain and keep probing."""
         try:
             await self.stub.Reset(engine_pb2.ResetRequest(), wait_for_ready=True, timeout=timeout_s)
-            info = await self.stub.Info(engine_pb2.InfoRequest(), timeout=timeout_s)
-            self.max_sequences = info.max_num_sequence
+            self._learn(await self.stub.Info(engine_pb2.InfoRequest(), timeout=timeout_s))
         except grpc.aio.AioRpcError as e:
             self._down_since_start(f"{e.code().name}: {e.details()}")
+
+    def _learn(self, info) -> None:
+        self.max_sequences = info.max_num_sequence
+        self.max_draft_tokens = info.max_draft_tokens
+        self.method, self.shape = info.method, info.shape or "chain"
 
     def _down_since_start(self, why: str) -> None:
         log.warning("draft service not reachable (%s): serving without speculation", why)
@@ -122,10 +131,12 @@ class Speculator:
         except grpc.aio.AioRpcError as e:
             self._down(f"{e.code().name}: {e.details()}")
             return plan, 0, []
-        drafts = codec.draft_result_from_pb(response).tokens
+        result = codec.draft_result_from_pb(response)
+        drafts, parents = result.tokens, result.parents or {}
         unserved = [s for e, s in wanted if not drafts.get(e.seq_id)]  # the draft lacks its hidden states
         entries = tuple(
-            dataclasses.replace(e, token_ids=e.token_ids + drafts[e.seq_id], num_draft_tokens=len(drafts[e.seq_id]))
+            dataclasses.replace(e, token_ids=e.token_ids + drafts[e.seq_id], num_draft_tokens=len(drafts[e.seq_id]),
+                                tree_parents=parents.get(e.seq_id, ()))
             if drafts.get(e.seq_id) else e
             for e in plan.entries
         )
@@ -152,8 +163,7 @@ class Speculator:
                 check = await self.health.Check(health_pb2.HealthCheckRequest(), timeout=self.probe_s)
                 if check.status == health_pb2.HealthCheckResponse.SERVING:
                     await self.stub.Reset(engine_pb2.ResetRequest(), timeout=self.timeout_s)
-                    info = await self.stub.Info(engine_pb2.InfoRequest(), timeout=self.timeout_s)
-                    self.max_sequences = info.max_num_sequence
+                    self._learn(await self.stub.Info(engine_pb2.InfoRequest(), timeout=self.timeout_s))
                     self.healthy = True
                     log.info("draft service healthy again: new requests speculate")
                     return

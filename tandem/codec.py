@@ -100,7 +100,7 @@ def step_request_to_pb(r: StepRequest) -> pb.StepRequest:
     entries = [
         pb.StepEntry(
             seq_id=e.seq_id, kind=e.kind.value, token_ids=e.token_ids, sample=e.sample,
-            num_draft_tokens=e.num_draft_tokens, emit_hidden=e.emit_hidden,
+            num_draft_tokens=e.num_draft_tokens, emit_hidden=e.emit_hidden, tree_parents=e.tree_parents,
         )
         for e in r.entries
     ]
@@ -110,7 +110,8 @@ def step_request_to_pb(r: StepRequest) -> pb.StepRequest:
 
 def step_request_from_pb(m: pb.StepRequest) -> StepRequest:
     entries = tuple(
-        StepEntry(e.seq_id, EntryKind(e.kind), tuple(e.token_ids), e.sample, e.num_draft_tokens, e.emit_hidden)
+        StepEntry(e.seq_id, EntryKind(e.kind), tuple(e.token_ids), e.sample, e.num_draft_tokens, e.emit_hidden,
+                  tuple(e.tree_parents))
         for e in m.entries
     )
     ops = tuple(op_from_pb(o) for o in m.ops)
@@ -197,12 +198,15 @@ def draft_request_from_pb(m: pb.DraftRequest) -> DraftRequest:
 
 
 def draft_result_to_pb(r: DraftResult) -> pb.DraftResponse:
-    seqs = [pb.DraftTokens(seq_id=s, token_ids=t) for s, t in r.tokens.items()]
+    parents = r.parents or {}
+    seqs = [pb.DraftTokens(seq_id=s, token_ids=t, parents=parents.get(s, ())) for s, t in r.tokens.items()]
     return pb.DraftResponse(draft_step_id=r.draft_step_id, seqs=seqs, compute_ms=r.compute_ms)
 
 
 def draft_result_from_pb(m: pb.DraftResponse) -> DraftResult:
-    return DraftResult(m.draft_step_id, {s.seq_id: tuple(s.token_ids) for s in m.seqs}, m.compute_ms)
+    tokens = {s.seq_id: tuple(s.token_ids) for s in m.seqs}
+    parents = {s.seq_id: tuple(s.parents) for s in m.seqs if s.parents}
+    return DraftResult(m.draft_step_id, tokens, m.compute_ms, parents)
 
 
 # -- the peer stream --------------------------------------------------------------------------

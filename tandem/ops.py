@@ -55,6 +55,8 @@ class StepEntry:
     sample: bool  # false for a prefill chunk with prompt left
     num_draft_tokens: int = 0  # DECODE: the trailing token_ids that are drafts to verify
     emit_hidden: bool = False  # stream accepted positions' hidden states to the draft peer
+    # A token tree: the parent node of each draft (node 0 = the first token); () = a chain.
+    tree_parents: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,3 +132,4 @@ class DraftResult:
     draft_step_id: int
     tokens: dict  # seq_id -> tuple of draft token ids (empty: no draft for that sequence)
     compute_ms: float = 0.0
+    parents: dict | None = None  # seq_id -> tree parents of its drafts (absent or (): a chain)

@@ -12,7 +12,7 @@ import torch
 
 from tandem.attention.torch_backend import TorchAttention
 from tandem.errors import InvalidArgument, ResourceExhausted
-from tandem.kv.batching import append_batch
+from tandem.kv.batching import TreeInput, append_batch
 from tandem.kv.cache import PagedKVCache
 from tandem.models.llama import ForwardBatch
 from tandem.models.loader import load_model, parse_dtype
@@ -35,7 +35,9 @@ from tandem.sampling.params import SamplingParams
 from tandem.sampling.sampler import sample
 from tandem.peer import HiddenPairs, HiddenStep, TargetPeer
 from tandem.sampling.state import SamplingState
+from tandem.sampling.tree_verify import verify_tree
 from tandem.sampling.verify import verify_chain
+from tandem.spec.token_tree import TokenTree
 from target_service.config import TargetConfig
 
 
@@ -65,7 +67,8 @@ class TargetEngine:
         )
         self.peer = TargetPeer()
         self._samplers: dict[int, SamplingState] = {}
-        self._carry: dict[int, torch.Tensor] = {}  # hidden of a chunk's last position, awaiting its next token
+        self._carry: dict[int, torch.Tensor] = {}
+        self._kept_nodes: dict[int, tuple[int, ...]] = {}  # this step's accepted path of a verify  # hidden of a chunk's last position, awaiting its next token
         self._tokens: dict[int, list[int]] = {}  # every token in each sequence's KV, in order
         self._lock = threading.Lock()
         self.last_step_id = 0
@@ -185,6 +188,7 @@ class TargetEngine:
                     f"entry of sequence {e.seq_id}: {e.num_draft_tokens} draft tokens need a sampling DECODE"
                     f" entry with more tokens than drafts ({len(e.token_ids)})"
                 )
+            _check_tree(e)
             bad = [t for t in e.token_ids if not 0 <= t < vocab]
             if bad:
                 raise InvalidArgument(f"token ids {bad[:5]} outside the vocabulary [0, {vocab})")
@@ -199,6 +203,7 @@ class TargetEngine:
 
     def _run(self, request: StepRequest) -> tuple[EntryResult, ...]:
         entries = request.entries
+        self._kept_nodes.clear()
         self._validate(entries)
         batch, first_rows = self._prepare(entries)
         hidden = self.model.forward(batch, self.cache)
@@ -224,23 +229,42 @@ class TargetEngine:
         """Accepts a prefix of each entry's drafts; keeps only the accepted tokens' KV."""
         if not entries:
             return {}
-        need_probs = any(not self._samplers[e.seq_id].params.greedy for e in entries)
+        need_probs = any(not (self._samplers[e.seq_id].params.greedy or e.tree_parents) for e in entries)
         probs = (self.peer.take_probs(draft_step_id, self.config.draft_probs_timeout_s) or {}) if need_probs else {}
         out = {}
         for e in entries:
             k = e.num_draft_tokens
-            start = row_starts[e.seq_id]
-            q = probs.get(e.seq_id)
-            q = q if q is not None and q.shape[0] == k else None
-            drafts = e.token_ids[len(e.token_ids) - k :]
-            result = verify_chain(logits[start : start + k + 1], drafts, q, self._samplers[e.seq_id])
-            rejected = k - result.num_accepted
-            if rejected:
-                self.allocator.pop(e.seq_id, rejected)
-                del self._tokens[e.seq_id][-rejected:]
+            rows = logits[row_starts[e.seq_id] : row_starts[e.seq_id] + k + 1]
+            if e.tree_parents:
+                result = self._verify_tree(e, rows)
+            else:
+                q = probs.get(e.seq_id)
+                q = q if q is not None and q.shape[0] == k else None
+                drafts = e.token_ids[len(e.token_ids) - k :]
+                result = verify_chain(rows, drafts, q, self._samplers[e.seq_id])
+                self._kept_nodes[e.seq_id] = tuple(range(result.num_accepted + 1))
+                rejected = k - result.num_accepted
+                if rejected:
+                    self.allocator.pop(e.seq_id, rejected)
+                    del self._tokens[e.seq_id][-rejected:]
             tokens = tuple(SampledToken(t.token_id, t.logprob, t.top) for t in result.tokens)
             out[e.seq_id] = EntryResult(e.seq_id, tokens, result.num_accepted)
         return out
+
+    def _verify_tree(self, e: StepEntry, rows: torch.Tensor):
+        """The entry's last k + 1 tokens are a token tree (node 0 = the last sampled token): its
+        children were chosen by the draft deterministically, so no draft probabilities are
+        needed. Only the accepted path's KV stays, moved into place."""
+        k = e.num_draft_tokens
+        tree = TokenTree((-1, *e.tree_parents), e.token_ids[len(e.token_ids) - k - 1 :])
+        result = verify_tree(rows, tree, None, self._samplers[e.seq_id])
+        kept = (0, *result.accepted_nodes)
+        start = self.allocator.length(e.seq_id) - (k + 1)
+        self.cache.keep_path(e.seq_id, start, kept)
+        del self._tokens[e.seq_id][start:]
+        self._tokens[e.seq_id].extend(tree.tokens[n] for n in kept)
+        self._kept_nodes[e.seq_id] = kept
+        return result
 
     def _emit_hidden(self, step_id: int, entries, hidden, first_rows, results) -> None:
         """Streams (hidden state, next token) pairs of every accepted position to the draft.
@@ -254,10 +278,11 @@ class TargetEngine:
             if not e.emit_hidden:
                 continue
             emitted = results[e.seq_id].tokens
-            kept = len(e.token_ids) - e.num_draft_tokens + results[e.seq_id].num_accepted
-            start = self.allocator.length(e.seq_id) - kept
-            rows = hidden[first_rows[e.seq_id] : first_rows[e.seq_id] + kept]
-            tokens = list(e.token_ids[1:kept]) + [t.token_id for t in emitted[-1:]]
+            kept = self._kept_rows(e)
+            start = self.allocator.length(e.seq_id) - len(kept)
+            rows = hidden[torch.tensor([first_rows[e.seq_id] + r for r in kept], device=self.device)]
+            kept_tokens = [e.token_ids[r] for r in kept]
+            tokens = kept_tokens[1:] + [t.token_id for t in emitted[-1:]]
             carry = self._carry.pop(e.seq_id, None)
             if carry is not None:
                 rows, start = torch.cat((carry[None], rows)), start - 1
@@ -269,6 +294,13 @@ class TargetEngine:
                 pairs.append(HiddenPairs(e.seq_id, start, tuple(tokens), rows.clone()))
         self.peer.send(HiddenStep(step_id, tuple(pairs)))
 
+    def _kept_rows(self, e: StepEntry) -> list[int]:
+        """The entry's rows whose tokens stayed in the KV: all but the drafts, then the
+        accepted path (node 0 is the first token of a decode entry)."""
+        base = len(e.token_ids) - e.num_draft_tokens - 1
+        nodes = self._kept_nodes.pop(e.seq_id, (0,))
+        return list(range(base)) + [base + n for n in nodes]
+
     def _prepare(self, entries: Sequence[StepEntry]) -> tuple[ForwardBatch, dict[int, int]]:
         """Appends every entry's tokens; returns the batch and each entry's first packed row."""
         for e in entries:
@@ -276,7 +308,8 @@ class TargetEngine:
             if e.kind is EntryKind.PREFILL:
                 self._samplers[e.seq_id].observe_prompt(e.token_ids)
         items = [(e.seq_id, e.token_ids) for e in entries]
-        return append_batch(self.cache, self.model.backend, items, self.model.config.sliding_window, self.device)
+        trees = {e.seq_id: t for e in entries if (t := _tree_input(e)) is not None}
+        return append_batch(self.cache, self.model.backend, items, self.model.config.sliding_window, self.device, trees)
 
     def _sample(self, logits: torch.Tensor, seq_ids: list[int]) -> list[SampledToken]:
         states = [self._samplers[s] for s in seq_ids]
@@ -286,6 +319,30 @@ class TargetEngine:
             state.observe_output(out.token_ids[i])
             tokens.append(SampledToken(out.token_ids[i], out.logprobs[i], tuple(out.top_logprobs[i])))
         return tokens
+
+
+def _check_tree(e: StepEntry) -> None:
+    if not e.tree_parents:
+        return
+    k = e.num_draft_tokens
+    bad = len(e.tree_parents) != k or any(not 0 <= p <= i for i, p in enumerate(e.tree_parents))
+    if bad:
+        raise InvalidArgument(
+            f"entry of sequence {e.seq_id}: tree_parents must give each of the {k} draft tokens a"
+            f" parent node before it (node 0 is the first token), got {list(e.tree_parents)}"
+        )
+    nodes = e.token_ids[len(e.token_ids) - k - 1 :]
+    siblings = {(p, nodes[i + 1]) for i, p in enumerate(e.tree_parents)}
+    if len(siblings) != k:
+        raise InvalidArgument(f"entry of sequence {e.seq_id}: sibling draft tokens repeat a token")
+
+
+def _tree_input(e: StepEntry) -> TreeInput | None:
+    """A tree entry's positions and mask (DECODE entries: every token is a tree node)."""
+    if not e.tree_parents:
+        return None
+    tree = TokenTree((-1, *e.tree_parents), e.token_ids)
+    return TreeInput(tree.depths, tree.attention_mask())
 
 
 def rows_of(scored: Sequence[StepEntry]) -> dict[int, int]:

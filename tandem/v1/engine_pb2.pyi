@@ -60,20 +60,24 @@ class DraftToTarget(_message.Message):
     def __init__(self, draft_step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqDraftProbs, _Mapping]]] = ...) -> None: ...
 
 class DraftInfo(_message.Message):
-    __slots__ = ("method", "model", "hidden_size", "vocab_size", "dtype", "max_num_sequence")
+    __slots__ = ("method", "model", "hidden_size", "vocab_size", "dtype", "max_num_sequence", "max_draft_tokens", "shape")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    MAX_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
     method: str
     model: str
     hidden_size: int
     vocab_size: int
     dtype: str
     max_num_sequence: int
-    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., dtype: _Optional[str] = ..., max_num_sequence: _Optional[int] = ...) -> None: ...
+    max_draft_tokens: int
+    shape: str
+    def __init__(self, method: _Optional[str] = ..., model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., dtype: _Optional[str] = ..., max_num_sequence: _Optional[int] = ..., max_draft_tokens: _Optional[int] = ..., shape: _Optional[str] = ...) -> None: ...
 
 class DraftSeq(_message.Message):
     __slots__ = ("seq_id", "num_tokens")
@@ -96,12 +100,14 @@ class DraftRequest(_message.Message):
     def __init__(self, draft_step_id: _Optional[int] = ..., after_target_step: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[SequenceOp, _Mapping]]] = ..., seqs: _Optional[_Iterable[_Union[DraftSeq, _Mapping]]] = ...) -> None: ...
 
 class DraftTokens(_message.Message):
-    __slots__ = ("seq_id", "token_ids")
+    __slots__ = ("seq_id", "token_ids", "parents")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PARENTS_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    parents: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
     __slots__ = ("draft_step_id", "seqs", "compute_ms")
@@ -221,7 +227,7 @@ class SequenceOp(_message.Message):
     def __init__(self, add: _Optional[_Union[AddSequence, _Mapping]] = ..., fork: _Optional[_Union[ForkSequence, _Mapping]] = ..., pop: _Optional[_Union[PopTokens, _Mapping]] = ..., remove: _Optional[_Union[RemoveSequence, _Mapping]] = ...) -> None: ...
 
 class StepEntry(_message.Message):
-    __slots__ = ("seq_id", "kind", "token_ids", "sample", "num_draft_tokens", "emit_hidden")
+    __slots__ = ("seq_id", "kind", "token_ids", "sample", "num_draft_tokens", "emit_hidden", "tree_parents")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         PREFILL: _ClassVar[StepEntry.Kind]
@@ -234,13 +240,15 @@ class StepEntry(_message.Message):
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EMIT_HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    TREE_PARENTS_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     kind: StepEntry.Kind
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     sample: bool
     num_draft_tokens: int
     emit_hidden: bool
-    def __init__(self, seq_id: _Optional[int] = ..., kind: _Optional[_Union[StepEntry.Kind, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., num_draft_tokens: _Optional[int] = ..., emit_hidden: _Optional[bool] = ...) -> None: ...
+    tree_parents: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq_id: _Optional[int] = ..., kind: _Optional[_Union[StepEntry.Kind, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., num_draft_tokens: _Optional[int] = ..., emit_hidden: _Optional[bool] = ..., tree_parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("step_id", "ops", "entries", "draft_step_id")
