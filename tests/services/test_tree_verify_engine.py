@@ -1,0 +1,113 @@
+"""Tree verification in the real target engine: one forward pass over a token tree (tree
+attention), the accepted path's KV kept and compacted, and sampling that stays lossless with
+the draft's deterministic (top-k) children."""
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tandem.ops import AddSequence, EntryKind, StepEntry, StepRequest
+from tandem.sampling.params import SamplingParams
+from target_service.config import TargetConfig
+from target_service.engine import TargetEngine
+from tests.services.test_spec_distribution import _fields, exact
+
+N = 3000
+PROMPT = "The quick brown fox"
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model):
+    return TargetEngine(TargetConfig(model_dir=tiny_model, kv_page_size=8, kv_cache_tokens=N * 8 * 2, max_num_sequence=N))
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(tiny_model)
+
+
+def greedy_continuation(hf, ids, n):
+    model, _ = hf
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
+    return out[0, len(ids):].tolist()
+
+
+def test_greedy_tree_accepts_the_right_branch_and_keeps_only_its_kv(engine, hf):
+    engine.reset()
+    ids = hf[1](PROMPT)["input_ids"]
+    truth = greedy_continuation(hf, ids, 6)  # t0 t1 t2 t3 t4 t5
+    wrong = [(t + 1) % 400 + 5 for t in truth]
+    first = engine.step(StepRequest(1, (AddSequence(1, GREEDY),), (StepEntry(1, EntryKind.PREFILL, tuple(ids), True),)))
+    assert first.results[0].tokens[0].token_id == truth[0]
+    # Root t0; children: wrong1 (node 1, with a child), t1 (node 2); under t1: t2 (node 3), wrong3 (node 4);
+    # under t2: wrong4 (node 5). Accepted: t1, t2; then the target's own t3.
+    tokens = (truth[0], wrong[1], truth[1], truth[2], wrong[3], wrong[4], truth[2])
+    parents = (0, 0, 2, 2, 3, 1)
+    entry = StepEntry(1, EntryKind.DECODE, tokens, True, num_draft_tokens=6, tree_parents=parents)
+    result = engine.step(StepRequest(2, (), (entry,))).results[0]
+    assert result.num_accepted == 2
+    assert [t.token_id for t in result.tokens] == truth[1:4]
+    assert engine.allocator.length(1) == len(ids) + 3  # t0, t1, t2 kept; the rest dropped
+    # The next step continues exactly as plain decoding would: the kept KV is the path's.
+    nxt = engine.step(StepRequest(3, (), (StepEntry(1, EntryKind.DECODE, (truth[3],), True),))).results[0]
+    assert nxt.tokens[0].token_id == truth[4]
+    engine.reset()
+    assert engine.stats().kv_pages_free == engine.stats().kv_pages_total
+
+
+def test_bad_trees_are_refused_before_anything_changes(engine):
+    from tandem.errors import InvalidArgument
+
+    engine.reset()
+    engine.step(StepRequest(1, (AddSequence(1, GREEDY),), (StepEntry(1, EntryKind.PREFILL, (5, 6, 7), True),)))
+    before = engine.stats()
+    for parents, tokens in (((0, 2), (9, 10, 11)), ((0,), (9, 10, 11)), ((0, 0), (9, 10, 10))):
+        entry = StepEntry(1, EntryKind.DECODE, tokens, True, num_draft_tokens=len(tokens) - 1, tree_parents=parents)
+        with pytest.raises(InvalidArgument):
+            engine.step(StepRequest(2, (), (entry,)))
+    assert engine.stats().kv_pages_free == before.kv_pages_free and engine.allocator.length(1) == 3
+    engine.reset()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, top_k=4),
+    SamplingParams(temperature=1.0, top_k=6, top_p=0.9),
+], ids=["t0.8", "top_p0.9"])
+def test_tree_sampling_follows_the_target(engine, hf, params):
+    """N sequences verify the same-shaped tree (three top-k children of the root, one
+    grandchild): the first two emitted tokens follow the target's own joint distribution."""
+    engine.reset()
+    prompt_ids = hf[1](PROMPT)["input_ids"]
+    ops = tuple(AddSequence(i, SamplingParams(**{**_fields(params), "seed": 7000 + i})) for i in range(N))
+    prefill = tuple(StepEntry(i, EntryKind.PREFILL, tuple(prompt_ids), True) for i in range(N))
+    first = {r.seq_id: r.tokens[0].token_id for r in engine.step(StepRequest(1, ops, prefill)).results}
+    p1 = {t: exact(hf, prompt_ids, [t], params) for t in set(first.values())}
+    trees = {}
+    for t in p1:  # deterministic children: the draft's top-2 guesses and an outsider
+        top = p1[t].topk(2).indices.tolist()
+        children = top + [next(x for x in (7, 11, 13) if x not in top)]
+        grandchild = exact(hf, prompt_ids, [t, children[0]], params).argmax().item()
+        trees[t] = (tuple(children) + (grandchild,), (0, 0, 0, 1))
+    verify = tuple(
+        StepEntry(i, EntryKind.DECODE, (first[i],) + trees[first[i]][0], True, num_draft_tokens=4,
+                  tree_parents=trees[first[i]][1])
+        for i in range(N)
+    )
+    results = engine.step(StepRequest(2, (), verify)).results
+    depth2 = sum(r.num_accepted == 2 for r in results)
+    assert 0 < sum(r.num_accepted for r in results) and depth2 > 0  # accepted, recovered and deep paths
+    joint = Counter((first[r.seq_id], r.tokens[0].token_id) for r in results)
+    p0 = exact(hf, prompt_ids, [], params)
+    expected = {(a, b): p0[a].item() * p1[a][b].item() for a in p1 for b in p1[a].nonzero().flatten().tolist()}
+    outcomes = set(expected) | set(joint)
+    tv = 0.5 * sum(abs(joint.get(o, 0) / N - expected.get(o, 0.0)) for o in outcomes)
+    bound = 3 * math.sqrt(len(expected) / N)
+    assert tv < bound, (tv, bound)
+    engine.reset()
+    assert engine.stats().kv_pages_free == engine.stats().kv_pages_total
