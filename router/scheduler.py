@@ -204,11 +204,17 @@ class Scheduler:
             if ops := self.kv.evict():
                 self._send(ops)
             elif len(self.running) > 1:
-                self._preempt(self.running[-1])
+                self._preempt(self._victim())
             elif parent := self._idle_parent():
                 self._preempt(parent)
             else:
                 return need  # one sequence alone always fits (checked at enqueue)
+
+    def _victim(self) -> Sequence:
+        """The newest running sequence, sparing seeded sampled ones while others can go: a
+        resumed sequence draws from a fresh stream of its seed, so its output would change."""
+        spare = [s for s in self.running if s.sampler.seed is None or s.sampler.greedy]
+        return (spare or self.running)[-1]
 
     def _idle_parent(self) -> Sequence | None:
         """A prefilled parent of a request that runs nothing now: its pages are its own."""
