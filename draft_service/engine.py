@@ -1,10 +1,12 @@
 """The draft engine: mirrors the router's sequences in its own paged KV cache, absorbs the
-target's hidden states, drafts chains of k tokens.
+target's hidden states, drafts chains of k tokens or (shape "tree") EAGLE-2 token trees.
 
 The draft's KV lags the target's by one token: draft position i holds the pair (target hidden
 state at position i, token i + 1). A Draft call (1) drops the speculative positions of the last
 call, (2) runs the new real pairs, whose last output proposes draft token 1, (3) feeds back its
-own predicted feature with each draft token for tokens 2..k (speculative positions).
+own predicted feature with each draft token for tokens 2..k (speculative positions). A tree
+grows from the same start, its expanded nodes appended as speculative positions too (see
+draft_service.eagle_tree).
 
 Fork and pop first settle the sequence they read: drop its speculative positions and absorb
 its buffered real pairs, so that its KV is the target's shifted by one (equal lengths, the last
@@ -18,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from draft_service.config import DraftConfig
+from draft_service.eagle_tree import TreeRoot, grow_trees
 from draft_service.peer_client import DraftPeer
 from tandem.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from tandem.kv.batching import append_batch
@@ -32,9 +35,9 @@ from tandem.sampling.state import SamplingState
 class _Seq:
     sampler: SamplingState
     speculative: int = 0  # positions appended by the last draft, dropped by the next call
-    # Predicted feature of the last real pair that a settle absorbed in this call: proposes
-    # draft token 1 when no new pairs come (a parent forked and drafted in the same call).
-    settled: torch.Tensor | None = None
+    # (token, predicted feature [D]) of the last real pair that a settle absorbed in this call:
+    # proposes draft token 1 when no new pairs come (a parent forked and drafted in the same call).
+    settled: tuple[int, torch.Tensor] | None = None
 
 
 class DraftEngine:
@@ -81,9 +84,9 @@ class DraftEngine:
             for op in request.ops:
                 self._apply(op)
             self.peer.retain(set(self._seqs))
-            tokens = self._draft(request) if request.seqs else {}
+            tokens, parents = self._draft(request) if request.seqs else ({}, None)
             self._steps += 1
-            return DraftResult(request.draft_step_id, tokens, (time.perf_counter() - started) * 1e3)
+            return DraftResult(request.draft_step_id, tokens, (time.perf_counter() - started) * 1e3, parents)
 
     def _apply(self, op) -> None:
         if isinstance(op, AddSequence):
@@ -134,10 +137,11 @@ class DraftEngine:
         seq.speculative = 0
         pairs = _contiguous(self.peer.take(seq_id), self.allocator.length(seq_id))
         if pairs is not None and self.allocator.pages_needed(seq_id, len(pairs[0])) <= self.allocator.num_free_pages:
-            seq.settled = self._forward([(seq_id, pairs[0], pairs[1])])[0]
+            seq.settled = (pairs[0][-1], self._forward([(seq_id, pairs[0], pairs[1])])[0])
         return seq
 
-    def _draft(self, request: DraftRequest) -> dict[int, tuple[int, ...]]:
+    def _draft(self, request: DraftRequest) -> tuple[dict[int, tuple[int, ...]], dict | None]:
+        """Returns (tokens, parents): seq_id -> drafts, and for trees seq_id -> their parents."""
         for s in request.seqs:
             if s.seq_id not in self._seqs:
                 raise InvalidArgument(f"draft: unknown sequence {s.seq_id}")
@@ -151,16 +155,32 @@ class DraftEngine:
             pairs = _contiguous(self.peer.take(s.seq_id), self.allocator.length(s.seq_id))
             if pairs is not None:
                 ready[s.seq_id] = pairs
-        start = dict(zip(ready, self._forward([(s, *ready[s]) for s in ready]))) if ready else {}
+        start = {}  # seq_id -> (pending token, predicted feature [D]) of its last real pair
+        if ready:
+            features = self._forward([(s, *ready[s]) for s in ready])
+            start = {s: (ready[s][0][-1], f) for s, f in zip(ready, features)}
         for s in request.seqs:
             settled = self._seqs[s.seq_id].settled
             if s.num_tokens > 0 and s.seq_id not in start and settled is not None:
                 start[s.seq_id] = settled
         tokens = {s.seq_id: () for s in request.seqs}
+        k = {s.seq_id: s.num_tokens for s in request.seqs}
+        if self.config.shape == "tree":
+            parents = dict(tokens)
+            for s, tree in self._trees(start, k).items():
+                tokens[s], parents[s] = tree.tokens[1:], tree.parents[1:]
+            return tokens, parents
         if start:
-            k = {s.seq_id: s.num_tokens for s in request.seqs}
-            tokens.update(self._chains(start, k, request.draft_step_id))
-        return tokens
+            tokens.update(self._chains({s: f for s, (_, f) in start.items()}, k, request.draft_step_id))
+        return tokens, None
+
+    def _trees(self, start: dict, k: dict[int, int]) -> dict:
+        """start: seq_id -> (pending token, predicted feature [D]); returns seq_id -> TokenTree."""
+        roots = {s: TreeRoot(t, f, self.allocator.length(s) - 1, k[s]) for s, (t, f) in start.items()}
+        states = {s: self._seqs[s].sampler for s in start}
+        grown = grow_trees(roots, self.head, states, self._forward_nodes,
+                           top_k=self.config.tree_top_k, node_budget=self.config.tree_node_budget)
+        return {s: dynamic.tree for s, dynamic in grown.items()}
 
     def _chains(self, start: dict, k: dict[int, int], draft_step_id: int) -> dict[int, tuple[int, ...]]:
         """start: seq_id -> the predicted feature [D] of its last real pair."""
@@ -192,12 +212,27 @@ class DraftEngine:
     def _forward(self, items) -> torch.Tensor:
         """items: (seq_id, tokens, features [n, D]); returns the predicted feature of each
         item's last pair, [S, D]."""
-        batch, first_rows = append_batch(self.cache, self.head.backend, [(s, t) for s, t, _ in items], None, self.device)
+        out, first_rows = self._run(items)
+        last = torch.tensor([first_rows[s] + len(t) - 1 for s, t, _ in items], device=self.device)
+        return out[last]
+
+    def _forward_nodes(self, items, trees) -> list[torch.Tensor]:
+        """Tree nodes as speculative positions: items as _forward's, trees seq_id -> TreeInput;
+        returns each item's predicted features [n, D]."""
+        for s, t, _ in items:
+            self._seqs[s].speculative += len(t)
+        out, first_rows = self._run(items, trees)
+        return [out[first_rows[s] : first_rows[s] + len(t)] for s, t, _ in items]
+
+    def _run(self, items, trees=None) -> tuple[torch.Tensor, dict[int, int]]:
+        """Appends and runs items (seq_id, tokens, features [n, D]); returns the packed
+        predicted features [T, D] and each item's first row."""
+        new = [(s, t) for s, t, _ in items]
+        batch, first_rows = append_batch(self.cache, self.head.backend, new, None, self.device, trees)
         feats = torch.cat([f.to(self.head.dtype) for _, _, f in items])
         out = self.head.forward(batch.input_ids, feats, batch, self.cache)
         self._tokens_run += len(feats)
-        last = torch.tensor([first_rows[s] + len(t) - 1 for s, t, _ in items], device=self.device)
-        return out[last]
+        return out, first_rows
 
     def _propose(self, seq_id: int, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         state = self._seqs[seq_id].sampler

@@ -19,9 +19,11 @@ class SequenceSlice:
     """One sequence of a batch: `num_new` tokens appended after `num_cached` cached ones.
 
     key_slots: flat KV slots of all num_cached + num_new tokens, in order.
-    tree_mask: None for causal new tokens; for a token tree (tree verification) a bool
-        [num_new, num_new] tensor: new token i sees new token j iff tree_mask[i, j] (itself and
-        its ancestors). Every new token sees all cached ones."""
+    tree_mask: None for causal new tokens; for a token tree a bool [num_new, span] tensor,
+        num_new <= span <= num_cached + num_new, over the sequence's last `span` keys: new token
+        i sees key num_cached + num_new - span + j iff tree_mask[i, j] (itself and its
+        ancestors), and every key before the span. span = num_new for tree verification; a
+        longer span reaches tree nodes cached by earlier calls (EAGLE tree drafting)."""
 
     num_cached: int
     num_new: int

@@ -44,7 +44,8 @@ class TorchAttention(AttentionBackend):
         max_k = max_units * page_size
         query_valid = torch.arange(max_q)[None, :] < q_lens[:, None]
         mask = None
-        if batch > 1 or max_q > 1 or sliding_window is not None or max_k != int(k_lens[0]):
+        trees = any(s.tree_mask is not None for s in slices)
+        if trees or batch > 1 or max_q > 1 or sliding_window is not None or max_k != int(k_lens[0]):
             mask = _causal_mask(q_lens, k_lens, max_q, max_k, sliding_window)
             _apply_trees(mask, slices)
         dev = self.device
@@ -77,11 +78,12 @@ def _gather(layer_cache: torch.Tensor, plan: TorchPlan) -> torch.Tensor:
 
 
 def _apply_trees(mask: torch.Tensor, slices: list[SequenceSlice]) -> None:
-    """Replaces the causal block among a tree's new tokens by its tree mask; mask: [B, 1,
+    """Replaces the causal block of a tree's span (its last keys) by its tree mask; mask: [B, 1,
     max_q, max_k], changed in place."""
     for row, s in enumerate(slices):
         if s.tree_mask is not None:
-            mask[row, 0, : s.num_new, s.num_cached : s.num_cached + s.num_new] = s.tree_mask
+            end = s.num_cached + s.num_new
+            mask[row, 0, : s.num_new, end - s.tree_mask.shape[1] : end] = s.tree_mask
 
 
 def _causal_mask(q_lens, k_lens, max_q, max_k, sliding_window):

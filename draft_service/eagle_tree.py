@@ -1,0 +1,196 @@
+"""EAGLE-2 dynamic tree drafting: grows one token tree per sequence from the head's own
+probabilities, every depth of every sequence in one batched forward.
+
+Positions: the draft's KV position i holds the pair (f_i, t_{i+1}). Once a call has absorbed its
+real pairs, a sequence has L real positions; the last, L - 1, holds the pending token t_L (the
+last one the target sampled): the tree's root, depth 0. A node at depth d is the pair (its
+parent's predicted feature, its token) at position L - 1 + d, just as a chain's draft token j
+sits at L - 1 + j.
+
+Expanding a node scores its children with the head's logits on the node's predicted feature.
+The root's is the output of the last real pair; any other node gets its own when it is expanded:
+it is appended to the KV as a speculative position (popped by the next call) that sees the real
+prefix and, among the speculative positions, only its ancestors and itself (a TreeInput whose
+mask spans all the sequence's speculative positions). Nodes never expanded are never appended.
+
+Scores: log-probabilities of the sequence's proposal distribution (the request's temperature,
+top-k/p, min-p and logit bias; penalties ignored); greedy requests use the log-softmax of the
+processed (raw, unless biased) logits. Children are the top-k, chosen deterministically: no draft
+probabilities go to the target, which verifies them as deterministic children (lossless).
+
+Lock step: tandem.spec.token_tree.grow_dynamic_tree grows one tree and calls back for each
+expansion. It is pure and deterministic, so each round replays every sequence's growth from the
+start with the answers given so far until it asks for one more (_Pause) or returns its tree;
+the round then answers all the new requests with one forward and one lm_head call.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from tandem.kv.batching import TreeInput
+from tandem.sampling.sampler import probabilities, process_logits
+from tandem.sampling.state import SamplingState
+from tandem.spec.token_tree import DynamicTree, grow_dynamic_tree
+
+# forward(items, trees): items are (seq_id, tokens [n], features [n, D]); appends them to the
+# KV as speculative positions and returns each item's predicted features, [n, D].
+NodeForward = Callable[[list[tuple[int, list[int], Tensor]], dict[int, TreeInput]], list[Tensor]]
+
+
+@dataclass(frozen=True, slots=True)
+class TreeRoot:
+    """Where one sequence's tree starts."""
+
+    token: int  # the pending token t_L, of the last real pair
+    feature: Tensor  # [D]: the predicted feature of the last real pair
+    position: int  # L - 1, the last real pair's position
+    depth: int  # depth cap (DraftSeq.num_tokens)
+
+
+@dataclass(slots=True)
+class _Growth:
+    """One sequence's growth: its candidates by candidate id (the ids grow_dynamic_tree uses)."""
+
+    root: TreeRoot
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    features: dict[int, Tensor]  # expanded candidate -> its predicted feature [D]
+    appended: list[int] = field(default_factory=list)  # candidates in speculative KV order
+    answers: list = field(default_factory=list)  # one expand answer per finished round
+    tree: DynamicTree | None = None
+
+    @staticmethod
+    def start(root: TreeRoot) -> "_Growth":
+        return _Growth(root, [root.token], [-1], [0], {0: root.feature})
+
+
+class _Pause(Exception):
+    """Raised by a replayed expand that has no answer yet; carries its frontier."""
+
+    def __init__(self, frontier: Sequence[int]):
+        super().__init__()
+        self.frontier = tuple(frontier)
+
+
+def grow_trees(
+    roots: dict[int, TreeRoot],
+    head,
+    states: dict[int, SamplingState],
+    forward: NodeForward,
+    *,
+    top_k: int,
+    node_budget: int,
+) -> dict[int, DynamicTree]:
+    """One EAGLE-2 tree per sequence (seq_id -> tree); states hold the proposal params."""
+    growths = {s: _Growth.start(r) for s, r in roots.items()}
+    while frontiers := _next_frontiers(growths, top_k, node_budget):
+        _append(growths, frontiers, forward)
+        _answer(growths, frontiers, head, states, top_k)
+    return {s: g.tree for s, g in growths.items()}
+
+
+def _next_frontiers(growths: dict[int, _Growth], top_k: int, node_budget: int) -> dict[int, tuple[int, ...]]:
+    """Replays every unfinished growth: seq_id -> the frontier it asks to expand next."""
+    frontiers = {}
+    for s, g in growths.items():
+        if g.tree is None:
+            frontier = _replay(g, top_k, node_budget)
+            if frontier is not None:
+                frontiers[s] = frontier
+    return frontiers
+
+
+def _replay(g: _Growth, top_k: int, node_budget: int) -> tuple[int, ...] | None:
+    """The frontier of g's next expansion, or None when g is done (g.tree set)."""
+    answers = iter(g.answers)
+
+    def expand(frontier):
+        answer = next(answers, None)
+        if answer is None:
+            raise _Pause(frontier)
+        return answer
+
+    try:
+        g.tree = grow_dynamic_tree(g.root.token, expand, top_k=top_k, depth=g.root.depth, node_budget=node_budget)
+    except _Pause as pause:
+        return pause.frontier
+    return None
+
+
+def _append(growths: dict[int, _Growth], frontiers: dict[int, tuple[int, ...]], forward: NodeForward) -> None:
+    """Runs the frontier nodes (the root excepted: it is real) as speculative positions."""
+    new = {s: [c for c in frontier if c != 0] for s, frontier in frontiers.items()}
+    new = {s: nodes for s, nodes in new.items() if nodes}
+    if not new:
+        return
+    items, trees = [], {}
+    for s, nodes in new.items():
+        g = growths[s]
+        items.append((s, [g.tokens[c] for c in nodes], torch.stack([g.features[g.parents[c]] for c in nodes])))
+        trees[s] = _tree_input(g, nodes)
+    for (s, _, _), out in zip(items, forward(items, trees), strict=True):
+        growths[s].features.update(zip(new[s], out))
+        growths[s].appended.extend(new[s])
+
+
+def _tree_input(g: _Growth, new: list[int]) -> TreeInput:
+    """New nodes over the span of all g's speculative positions, these included: each sees its
+    speculative ancestors and itself."""
+    span = g.appended + new
+    mask = torch.zeros(len(new), len(span), dtype=torch.bool)
+    for row, c in enumerate(new):
+        lineage = _lineage(g, c)
+        mask[row] = torch.tensor([a in lineage for a in span])
+    return TreeInput(tuple(g.depths[c] for c in new), mask, root_position=g.root.position)
+
+
+def _lineage(g: _Growth, c: int) -> set[int]:
+    """c and its ancestors, the root excluded."""
+    nodes = set()
+    while c > 0:
+        nodes.add(c)
+        c = g.parents[c]
+    return nodes
+
+
+def _answer(growths, frontiers, head, states, top_k: int) -> None:
+    """Scores every frontier node's children in one lm_head call; records them as candidates."""
+    rows = [(s, c) for s, frontier in frontiers.items() for c in frontier]
+    features = torch.stack([growths[s].features[c] for s, c in rows])
+    logprobs = draft_logprobs(head.logits(features), [states[s] for s, _ in rows])
+    values, ids = logprobs.topk(min(top_k, logprobs.shape[1]), dim=-1)
+    answers = {s: [] for s in frontiers}
+    for (s, c), row_values, row_ids in zip(rows, values.cpu(), ids.cpu(), strict=True):
+        keep = row_values > float("-inf")
+        keep[0] = True  # the top token always has a positive probability
+        child_ids, child_lps = row_ids[keep], row_values[keep]
+        _add_children(growths[s], c, child_ids.tolist())
+        answers[s].append((child_ids, child_lps))
+    for s, answer in answers.items():
+        growths[s].answers.append(answer)
+
+
+def _add_children(g: _Growth, parent: int, tokens: list[int]) -> None:
+    """New candidates get the next ids, in order, as grow_dynamic_tree numbers them."""
+    for token in tokens:
+        g.tokens.append(token)
+        g.parents.append(parent)
+        g.depths.append(g.depths[parent] + 1)
+
+
+def draft_logprobs(logits: Tensor, states: Sequence[SamplingState]) -> Tensor:
+    """logits: [R, V] raw head logits; returns [R, V] float32 scores <= 0 (-inf: filtered out).
+
+    Sampled rows: log of the proposal distribution; greedy rows: log-softmax of the processed
+    logits (the greedy target takes their argmax)."""
+    processed = process_logits(logits, states)
+    out = torch.log_softmax(processed, dim=-1)
+    sampled = [i for i, s in enumerate(states) if not s.params.greedy]
+    if sampled:
+        probs = probabilities(processed[sampled], [states[i] for i in sampled])
+        out[sampled] = probs.log()
+    return out.clamp_max_(0.0)
