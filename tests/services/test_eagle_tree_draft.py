@@ -55,3 +55,19 @@ def test_sampled_trees_run_and_leave_no_pages(eagle_tree):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert stats.kv_pages_free == stats.kv_pages_total
+
+
+def test_acceptance_per_depth_in_usage_and_stats(eagle_tree, reference):
+    prompt = TINY_PROMPTS[0]
+    ids, _, _, last = generate(eagle_tree.stub, prompt=prompt, params=greedy())
+    usage = last.usage
+    assert ids == reference[prompt]
+    # accepted_by_depth[i]: verify steps whose accepted path reached depth i + 1: non-increasing,
+    # bounded by the verify steps, and summing to the accepted drafts.
+    by_depth = list(usage.accepted_by_depth)
+    assert usage.verify_steps > 0 and by_depth and by_depth[0] <= usage.verify_steps
+    assert all(a >= b for a, b in zip(by_depth, by_depth[1:]))
+    assert sum(by_depth) == usage.accepted_draft_tokens
+    stats = eagle_tree.stub.Stats(pb.StatsRequest())
+    rates = list(stats.acceptance_by_position)
+    assert 1 <= len(rates) <= 4 and all(0 <= r <= 1 for r in rates) and rates[0] > 0
