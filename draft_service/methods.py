@@ -1,15 +1,17 @@
-"""Draft methods, chosen by name from one registry (Medusa joins with its issue)."""
+"""Draft methods, chosen by name from one registry: how each loads its head. (The engine each
+method runs is draft_service.server's registry.) Importing this module imports no torch: the
+command line reads the method names from it."""
 
 from pathlib import Path
 
-from tandem.attention.torch_backend import TorchAttention
 from tandem.errors import InvalidArgument
-from tandem.models.loader import parse_dtype
 
 
 def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str):
+    from tandem.attention.torch_backend import TorchAttention
     from tandem.models.config import ModelConfig
     from tandem.models.eagle import load_eagle_head
+    from tandem.models.loader import parse_dtype
 
     # The head's rope table must span the target's context, whatever the head's config says.
     positions = ModelConfig.from_folder(target_dir).max_position_embeddings
@@ -17,7 +19,17 @@ def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str):
     return load_eagle_head(model_dir, target_dir, dtype=parse_dtype(dtype), backend=backend, device=device, max_positions=positions)
 
 
-DRAFT_METHODS = {"eagle": load_eagle}
+def load_medusa(model_dir: Path, target_dir: Path, dtype: str, device: str):
+    from tandem.models.loader import parse_dtype
+    from tandem.models.medusa import load_medusa_heads
+
+    return load_medusa_heads(model_dir, target_dir, dtype=parse_dtype(dtype), device=device)
+
+
+DRAFT_METHODS = {"eagle": load_eagle, "medusa": load_medusa}
+
+# The draft shape of a deployment that names none.
+DEFAULT_SHAPES = {"eagle": "chain", "medusa": "chain"}
 
 
 def load_draft_head(method: str, model_dir: Path, target_dir: Path, dtype: str, device: str):

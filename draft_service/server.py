@@ -1,41 +1,82 @@
 """Builds and runs the draft service: the gRPC server plus its peer stream to the target."""
 
 import logging
+from collections.abc import Callable
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 import torch
 
 from draft_service.config import DraftConfig
 from draft_service.engine import DraftEngine
-from draft_service.methods import load_draft_head
+from draft_service.medusa_engine import MedusaDraftEngine
+from draft_service.methods import DRAFT_METHODS, load_draft_head
 from draft_service.peer_client import DraftPeer
 from draft_service.servicer import SERVICE_NAME, DraftServicer
+from tandem.errors import InvalidArgument
 from tandem.grpc_server import SERVER_OPTIONS, ErrorInterceptor, add_health_and_reflection, serve_until_signal
 from tandem.v1 import engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class EngineKind:
+    """What a draft method runs: its engine class, built as engine(config, head, peer), and
+    what its Info says: (max_draft_tokens per sequence per step, 0 = the router's k; shape)."""
+
+    engine: type
+    describe: Callable[[object], tuple[int, str]]
+
+
+def _describe_eagle(engine: DraftEngine) -> tuple[int, str]:
+    """A chain of the router's k, or an EAGLE-2 tree of tree_node_budget nodes."""
+    config = engine.config
+    return (config.tree_node_budget if config.shape == "tree" else 0), config.shape
+
+
+def _describe_medusa(engine: MedusaDraftEngine) -> tuple[int, str]:
+    return engine.max_draft_tokens, engine.shape
+
+
+ENGINES = {
+    "eagle": EngineKind(DraftEngine, _describe_eagle),
+    "medusa": EngineKind(MedusaDraftEngine, _describe_medusa),
+}
+assert set(ENGINES) == set(DRAFT_METHODS), "every draft method has a head loader and an engine"
+
+
+def build_engine(config: DraftConfig, peer) -> tuple[object, EngineKind]:
+    """The method's head and engine; raises InvalidArgument for an unknown method."""
+    if config.method not in ENGINES:
+        raise InvalidArgument(f"draft method {config.method!r} is not one of {sorted(ENGINES)}")
+    kind = ENGINES[config.method]
+    head = load_draft_head(config.method, config.model_dir, config.target_model_dir, config.dtype, config.device)
+    return kind.engine(config, head, peer), kind
+
+
 def start_draft(config: DraftConfig):
     """Starts the server and the peer stream; returns (server, health, bound port, engine)."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    head = load_draft_head(config.method, config.model_dir, config.target_model_dir, config.dtype, config.device)
     peer = DraftPeer(config.target_address, config.device)
-    engine = DraftEngine(config, head, peer)
+    engine, kind = build_engine(config, peer)
     peer.start()
     if not peer.wait_connected(config.hidden_timeout_s * 6):
         raise RuntimeError(f"draft: no peer stream to the target at {config.target_address}")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
-    servicer = DraftServicer(engine, config.method, config.model_dir.name, config.num_threads or torch.get_num_threads())
+    max_draft_tokens, shape = kind.describe(engine)
+    servicer = DraftServicer(engine, config.method, config.model_dir.name, config.num_threads or torch.get_num_threads(),
+                             max_draft_tokens=max_draft_tokens, shape=shape)
     engine_pb2_grpc.add_DraftEngineServicer_to_server(servicer, server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
         raise RuntimeError(f"draft: cannot bind {config.host}:{config.port}")
     server.start()
-    log.info("draft: %s head %s on %s:%d, peer %s", config.method, config.model_dir, config.host, port, config.target_address)
+    log.info("draft: %s head %s (%s, up to %s drafts) on %s:%d, peer %s", config.method, config.model_dir, shape,
+             max_draft_tokens or "k", config.host, port, config.target_address)
     return server, health, port, engine
 
 

@@ -1,17 +1,20 @@
 """The DraftEngine gRPC servicer: protobuf in, engine call, protobuf out."""
 
-from draft_service.engine import DraftEngine
 from target_service.servicer import compute_thread
 from tandem import codec
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 
 class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
-    def __init__(self, engine: DraftEngine, method: str, model: str, threads: int):
+    """engine: any draft method's engine (draft_service.server.ENGINES)."""
+
+    def __init__(self, engine, method: str, model: str, threads: int, *, max_draft_tokens: int = 0, shape: str = "chain"):
         self.engine = engine
         self._compute = compute_thread("draft-compute", threads)
         self.method = method
         self.model = model
+        self.max_draft_tokens = max_draft_tokens  # 0: the router's k (an EAGLE chain)
+        self.shape = shape
 
     def Info(self, request, context):
         head = self.engine.head
@@ -19,6 +22,7 @@ class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
             method=self.method, model=self.model, hidden_size=head.config.hidden_size,
             vocab_size=head.config.vocab_size, dtype=self.engine.config.dtype,
             max_num_sequence=self.engine.config.max_num_sequence,
+            max_draft_tokens=self.max_draft_tokens, shape=self.shape,
         )
 
     def Draft(self, request, context):

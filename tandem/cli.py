@@ -49,6 +49,18 @@ def _add_spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-draft-length", type=int, default=_env("spec_draft_length", 4), help="draft tokens per step (k)")
 
 
+def _add_draft_shape_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", default=_env("draft_shape", None), choices=["chain", "tree"],
+                   help="draft shape (default: the method's, draft_service.methods.DEFAULT_SHAPES)")
+    p.add_argument("--tree-top-k", type=int, default=_env("tree_top_k", 4),
+                   help="EAGLE trees: frontier nodes expanded per depth, children per node")
+    p.add_argument("--tree-node-budget", type=int, default=_env("tree_node_budget", 16),
+                   help="EAGLE trees: draft tokens (tree nodes) per sequence per step")
+    p.add_argument("--medusa-choices", default=_env("medusa_choices", ""),
+                   help="Medusa tree: a preset of tandem.spec.token_tree (small_static_tree) or a JSON list of"
+                        " rank lists (default: a chain of all heads for --shape chain, small_static_tree for tree)")
+
+
 def _add_router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk-size", type=int, default=_env("prefill_chunk_size", 512))
     p.add_argument("--max-waiting", type=int, default=_env("max_waiting", 1024))
@@ -98,11 +110,16 @@ def router_config(args, model: Path):
 
 def draft_config(args, model: Path):
     from draft_service.config import DraftConfig
+    from draft_service.methods import DEFAULT_SHAPES
 
     if not args.draft_model:
         raise SystemExit("tandem draft: --draft-model DIR (the draft head checkpoint) is required")
     return DraftConfig(
         method=args.method,
+        shape=args.shape or DEFAULT_SHAPES[args.method],
+        tree_top_k=args.tree_top_k,
+        tree_node_budget=args.tree_node_budget,
+        medusa_choices=args.medusa_choices,
         model_dir=Path(args.draft_model),
         target_model_dir=model,
         target_address=args.target,
@@ -172,6 +189,8 @@ def cmd_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from draft_service.methods import DRAFT_METHODS
+
     parser = argparse.ArgumentParser(prog="tandem", description="speculative-decoding LLM server")
     parser.add_argument("--log-level", default=_env("log_level", "INFO"))
     sub = parser.add_subparsers(dest="command", required=True)
@@ -183,10 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=_env("target_port", 50052))
     p.set_defaults(func=cmd_target)
 
-    p = sub.add_parser("draft", help="the draft service (EAGLE head)")
+    p = sub.add_parser("draft", help="the draft service (EAGLE or Medusa heads)")
     _add_model_flags(p)
     _add_target_flags(p)
-    p.add_argument("--method", default=_env("draft_method", "eagle"), choices=["eagle"])
+    p.add_argument("--method", default=_env("draft_method", "eagle"), choices=sorted(DRAFT_METHODS))
+    _add_draft_shape_flags(p)
     p.add_argument("--draft-model", default=_env("draft_model", None), help="draft head checkpoint folder")
     p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"), help="target, for the peer stream")
     p.add_argument("--host", default=_env("draft_host", "0.0.0.0"))
@@ -211,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_flags(p)
     _add_router_flags(p)
     _add_spec_flags(p)
-    p.add_argument("--draft", default=_env("draft", "none"), choices=["none", "eagle"], help="draft method")
+    p.add_argument("--draft", default=_env("draft", "none"), choices=["none", *sorted(DRAFT_METHODS)], help="draft method")
+    _add_draft_shape_flags(p)
     p.add_argument("--draft-model", default=_env("draft_model", None), help="draft head checkpoint folder")
     p.add_argument("--draft-port", type=int, default=_env("draft_port", 50053))
     p.add_argument("--host", default=_env("host", "127.0.0.1"))

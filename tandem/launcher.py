@@ -57,7 +57,11 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
             "draft", *common, "--method", args.draft, "--draft-model", str(args.draft_model),
             "--host", args.host, "--port", str(args.draft_port), "--device", args.device,
             "--target", f"{args.host}:{args.target_port}", "--threads", str(args.threads),
+            "--tree-top-k", str(args.tree_top_k), "--tree-node-budget", str(args.tree_node_budget),
+            "--medusa-choices", args.medusa_choices,
         ]
+        if args.shape:
+            draft += ["--shape", args.shape]
         router += ["--draft", f"{args.host}:{args.draft_port}"]
     return target, router, draft
 

@@ -78,14 +78,18 @@ class Services:
 
 
 def start_services(
-    model_dir: Path, *, target: dict | None = None, router: dict | None = None, draft_model: Path | None = None
+    model_dir: Path, *, target: dict | None = None, router: dict | None = None, draft_model: Path | None = None,
+    draft_method: str = "eagle", draft: dict | None = None,
 ) -> Services:
+    """draft_model: a draft head folder for `draft_method`; `draft` overrides DraftConfig fields
+    (shape, medusa_choices, ...)."""
     tconf = replace(TargetConfig(model_dir=model_dir, port=0, kv_cache_tokens=8192, kv_page_size=8), **(target or {}))
     target_server, _, target_port, engine = start_target(tconf)
     draft_server, draft_engine, draft_port = None, None, 0
     if draft_model is not None:
-        dconf = DraftConfig(method="eagle", model_dir=draft_model, target_model_dir=model_dir,
+        dconf = DraftConfig(method=draft_method, model_dir=draft_model, target_model_dir=model_dir,
                             target_address=f"127.0.0.1:{target_port}", port=0, kv_cache_tokens=8192, kv_page_size=8)
+        dconf = replace(dconf, **(draft or {}))
         draft_server, _, draft_port, draft_engine = start_draft(dconf)
         router = {"draft_address": f"127.0.0.1:{draft_port}", **(router or {})}
     rconf = replace(

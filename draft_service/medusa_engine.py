@@ -1,0 +1,201 @@
+"""The Medusa draft engine: no KV cache; per sequence only the last (feature, token) pair the
+target streamed, the pair of its last accepted position, whose token is the pending token.
+
+A Draft call (1) applies the sequence ops, (2) runs the heads on the last pair of every asked
+sequence in one batched forward, (3) builds each sequence's static tree from the Medusa choices:
+the root is the pending token, a depth-d choice ending in rank r takes head d - 1's r-th most
+likely token. Drafts always come with tree parents (a chain too: 0, 1, 2, ...): the children
+are chosen deterministically (top-k), so the target verifies them as a tree of deterministic
+children, lossless for sampled requests as well; no draft probabilities are sent.
+
+Like the EAGLE engine, a sequence drafts only from a pair that came since it last drafted (the
+pair of the target's latest step for it); a sequence without one gets no drafts.
+"""
+
+import json
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from draft_service.config import DraftConfig
+from tandem.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from tandem.models.medusa import MedusaHeads
+from tandem.ops import AddSequence, DraftRequest, DraftResult, DraftSeq, EngineStats, ForkSequence, PopTokens, RemoveSequence
+from tandem.sampling.sampler import process_logits
+from tandem.sampling.state import SamplingState
+from tandem.spec import token_tree
+from tandem.spec.token_tree import Choice, chain_choices, from_medusa_choices, sorted_choices
+
+
+@dataclass(slots=True)
+class _Seq:
+    sampler: SamplingState  # for the logit bias; penalties off (they need a history)
+    hidden: torch.Tensor | None = None  # [D] the feature of the last pair
+    token: int = -1  # the pair's token: the pending token, the root of the next tree
+    fresh: bool = False  # the pair came after this sequence last drafted
+
+
+class MedusaDraftEngine:
+    def __init__(self, config: DraftConfig, head: MedusaHeads, peer):
+        self.config = config
+        self.head = head
+        self.peer = peer
+        self.device = torch.device(config.device)
+        self.choices = medusa_choices(config, head.num_heads)
+        self.topk = max(c[-1] for c in self.choices) + 1
+        if self.topk > head.config.vocab_size:
+            raise InvalidArgument(f"medusa_choices use rank {self.topk - 1}, beyond the vocabulary of {head.config.vocab_size}")
+        self._pruned: dict[int, tuple[Choice, ...]] = {}  # depth -> choices no deeper
+        self._seqs: dict[int, _Seq] = {}
+        self._lock = threading.Lock()
+        self._steps = 0
+        self._tokens_run = 0
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """Tree nodes (draft tokens) per sequence per call, at most."""
+        return len(self.choices)
+
+    @property
+    def shape(self) -> str:
+        return "chain" if self.choices == chain_choices(len(self.choices)) else "tree"
+
+    def stats(self) -> EngineStats:
+        return EngineStats(0, 0, len(self._seqs), self._steps, self._tokens_run)
+
+    def reset(self) -> EngineStats:
+        with self._lock:
+            self._seqs.clear()
+            self.peer.clear()
+        return self.stats()
+
+    def draft(self, request: DraftRequest) -> DraftResult:
+        with self._lock:
+            started = time.perf_counter()
+            if not self.peer.connected:
+                raise Unavailable(f"draft: no peer stream to the target at {self.peer.target_address}")
+            # Ops-only calls wait too: a remove must not overtake its sequence's last hidden states.
+            if not self.peer.wait_step(request.after_target_step, self.config.hidden_timeout_s):
+                raise Unavailable(f"draft: hidden states of target step {request.after_target_step} never came")
+            for op in request.ops:
+                self._apply(op)
+            self.peer.retain(set(self._seqs))
+            tokens, parents = self._draft(request.seqs) if request.seqs else ({}, {})
+            self._steps += 1
+            return DraftResult(request.draft_step_id, tokens, (time.perf_counter() - started) * 1e3, parents)
+
+    # -- sequence ops -------------------------------------------------------------------------
+
+    def _apply(self, op) -> None:
+        if isinstance(op, AddSequence):
+            self._add(op.seq_id, self._new_seq(op.sampler))
+        elif isinstance(op, ForkSequence):
+            seq = self._new_seq(op.sampler)
+            self._settle(op.parent_id)  # its buffered pairs precede the fork
+            self._add(op.seq_id, seq)  # no pair of its own: it drafts once the target streams one
+        elif isinstance(op, PopTokens):
+            seq = self._settle(op.seq_id)
+            if op.count > 0:  # the last pair's position is gone
+                seq.hidden, seq.fresh = None, False
+        elif isinstance(op, RemoveSequence):
+            if op.seq_id not in self._seqs:
+                raise NotFound(f"draft: unknown sequence {op.seq_id}")
+            del self._seqs[op.seq_id]
+            self.peer.drop(op.seq_id)
+        else:
+            raise InvalidArgument(f"draft: unknown sequence op {op!r}")
+
+    def _new_seq(self, params) -> _Seq:
+        """Checks the limit a new sequence must fit; no side effects."""
+        if len(self._seqs) >= self.config.max_num_sequence:
+            raise ResourceExhausted(f"draft: max_num_sequence ({self.config.max_num_sequence}) live")
+        return _Seq(SamplingState(_proposal_params(params), self.head.config.vocab_size, self.device))
+
+    def _add(self, seq_id: int, seq: _Seq) -> None:
+        if seq_id in self._seqs:
+            raise FailedPrecondition(f"sequence {seq_id} already exists")
+        self._seqs[seq_id] = seq
+
+    def _settle(self, seq_id: int) -> _Seq:
+        """Absorbs the sequence's buffered pairs: keeps the last one."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise NotFound(f"draft: unknown sequence {seq_id}")
+        for pairs in self.peer.take(seq_id):  # in step order
+            if pairs.tokens:
+                seq.hidden, seq.token, seq.fresh = pairs.hidden[-1].clone(), int(pairs.tokens[-1]), True
+        return seq
+
+    # -- drafting -----------------------------------------------------------------------------
+
+    def _draft(self, seqs: tuple[DraftSeq, ...]) -> tuple[dict, dict]:
+        for s in seqs:
+            if s.seq_id not in self._seqs:
+                raise InvalidArgument(f"draft: unknown sequence {s.seq_id}")
+        tokens = {s.seq_id: () for s in seqs}
+        parents = {s.seq_id: () for s in seqs}
+        ready = []
+        for s in seqs:
+            seq = self._settle(s.seq_id)
+            if s.num_tokens > 0 and seq.fresh and seq.hidden is not None:
+                seq.fresh = False
+                ready.append(s)
+        if not ready:
+            return tokens, parents
+        states = [self._seqs[s.seq_id].sampler for s in ready]
+        top = self._top_tokens(torch.stack([self._seqs[s.seq_id].hidden for s in ready]), states)
+        for row, s in enumerate(ready):
+            depth = min(s.num_tokens, self.head.num_heads)
+            tree = from_medusa_choices(self._within(depth), top[row], root_token=self._seqs[s.seq_id].token)
+            tokens[s.seq_id], parents[s.seq_id] = tree.tokens[1:], tree.parents[1:]
+        return tokens, parents
+
+    def _top_tokens(self, hidden: torch.Tensor, states: list[SamplingState]) -> list:
+        """hidden [S, D] -> the top-k token ids of every sequence and head after the
+        request's logit bias, as nested lists [S][H][K], most likely first."""
+        logits = self.head.logits(hidden)  # [S, H, V]
+        self._tokens_run += hidden.shape[0]
+        if any(state.params.logit_bias for state in states):
+            heads = logits.shape[1]
+            rows = [state for state in states for _ in range(heads)]
+            logits = process_logits(logits.flatten(0, 1), rows).view(logits.shape)
+        return logits.topk(self.topk, dim=-1).indices.tolist()
+
+    def _within(self, depth: int) -> tuple[Choice, ...]:
+        """The choices no deeper than `depth` (closed under parents, as the choices are)."""
+        if depth not in self._pruned:
+            self._pruned[depth] = tuple(c for c in self.choices if len(c) <= depth)
+        return self._pruned[depth]
+
+
+def medusa_choices(config: DraftConfig, num_heads: int) -> tuple[Choice, ...]:
+    """config.medusa_choices (a preset name of tandem.spec.token_tree, any case, or a JSON list
+    of rank lists); when empty, a chain of num_heads for shape "chain", SMALL_STATIC_TREE for
+    "tree". Choices deeper than the heads reach are dropped; sorted in Medusa's order."""
+    spec = config.medusa_choices.strip()
+    if not spec:
+        raw = chain_choices(num_heads) if config.shape == "chain" else token_tree.SMALL_STATIC_TREE
+    elif spec.startswith("["):
+        try:
+            raw = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise InvalidArgument(f"medusa_choices is not a JSON list: {e}") from None
+    else:
+        raw = getattr(token_tree, spec.upper(), None)
+        if not isinstance(raw, tuple) or not raw or not all(isinstance(c, tuple) for c in raw):
+            raise InvalidArgument(f"medusa_choices {spec!r} is neither a JSON list nor a preset of tandem.spec.token_tree")
+    try:
+        choices = sorted_choices([c for c in raw if len(c) <= num_heads])
+    except (AssertionError, TypeError, ValueError) as e:  # a rank that is no int, a node without its parent
+        raise InvalidArgument(f"medusa_choices do not form a tree: {e}") from None
+    if not choices:
+        raise InvalidArgument(f"medusa_choices leave no node within the {num_heads} heads")
+    return choices
+
+
+def _proposal_params(params):
+    """Penalties need a token history the draft does not keep; temperature and truncation do
+    not change the top-k order. Only the logit bias applies."""
+    return replace(params, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
