@@ -28,8 +28,10 @@ def load_medusa(model_dir: Path, target_dir: Path, dtype: str, device: str):
 
 DRAFT_METHODS = {"eagle": load_eagle, "medusa": load_medusa}
 
-# The draft shape of a deployment that names none.
-DEFAULT_SHAPES = {"eagle": "chain", "medusa": "chain"}
+# The draft shape of a deployment that names none. EAGLE: a chain (a tree costs a draft forward
+# per depth over the whole frontier; worth it where drafting is cheap next to verifying, as on
+# a GPU); Medusa: its static tree, which costs no more than a chain (one heads pass).
+DEFAULT_SHAPES = {"eagle": "chain", "medusa": "tree"}
 
 
 def load_draft_head(method: str, model_dir: Path, target_dir: Path, dtype: str, device: str):

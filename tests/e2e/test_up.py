@@ -89,3 +89,26 @@ def test_up_with_an_eagle_draft(tiny_model, tmp_path):
         code = up.wait(timeout=60)
     assert code == 0
     assert health(f"127.0.0.1:{draft}", timeout=1.0, quiet=True) == 1
+
+
+def test_up_with_a_medusa_tree_draft(tiny_model, tmp_path):
+    from tandem.models.medusa import random_medusa_checkpoint
+
+    head = random_medusa_checkpoint(tmp_path / "medusa", tiny_model, num_heads=3, seed=1)
+    router, target, draft = free_port(), free_port(), free_port()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "tandem.cli", "up", "--model", str(tiny_model), "--draft", "medusa",
+         "--draft-model", str(head), "--shape", "tree", "--router-port", str(router),
+         "--target-port", str(target), "--draft-port", str(draft), "--spec-draft-length", "3"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        wait_serving(f"127.0.0.1:{router}", up)
+        out = tandem_cli("generate", "The quick brown fox", "--raw", "--max-tokens", "16",
+                         "--address", f"127.0.0.1:{router}")
+        assert out.returncode == 0, out.stderr
+        assert "speculation:" in out.stderr and "drafted" in out.stderr, out.stderr
+    finally:
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(timeout=60)
+    assert code == 0
