@@ -53,6 +53,7 @@ class DraftEngine:
             dtype=head.dtype, device=self.device,
         )
         self._seqs: dict[int, _Seq] = {}
+        self._reserved = 0  # pages promised to sequences earlier in this Draft call
         self._lock = threading.Lock()
         self._steps = 0
         self._tokens_run = 0
@@ -142,6 +143,7 @@ class DraftEngine:
 
     def _draft(self, request: DraftRequest) -> tuple[dict[int, tuple[int, ...]], dict | None]:
         """Returns (tokens, parents): seq_id -> drafts, and for trees seq_id -> their parents."""
+        self._reserved = 0
         for s in request.seqs:
             if s.seq_id not in self._seqs:
                 raise InvalidArgument(f"draft: unknown sequence {s.seq_id}")
@@ -153,7 +155,7 @@ class DraftEngine:
             if s.num_tokens <= 0:
                 continue  # its pairs stay buffered for a later call
             pairs = _contiguous(self.peer.take(s.seq_id), self.allocator.length(s.seq_id))
-            if pairs is not None:
+            if pairs is not None and self._reserve(s.seq_id, len(pairs[0]) + self._speculative_bound(s.num_tokens)):
                 ready[s.seq_id] = pairs
         start = {}  # seq_id -> (pending token, predicted feature [D]) of its last real pair
         if ready:
@@ -173,6 +175,23 @@ class DraftEngine:
         if start:
             tokens.update(self._chains({s: f for s, (_, f) in start.items()}, k, request.draft_step_id))
         return tokens, None
+
+    def _speculative_bound(self, k: int) -> int:
+        """Speculative positions a draft of depth k appends at most."""
+        if self.config.shape == "tree":
+            return self.config.tree_top_k * max(k - 1, 0)
+        return max(k - 1, 0)
+
+    def _reserve(self, seq_id: int, num_tokens: int) -> bool:
+        """Whether the cache can take the sequence's new pairs and drafts in this call (counting
+        those already admitted). A sequence that cannot gets no drafts and loses those pairs, so
+        it never drafts again (the router then serves it plainly): a full draft cache turns
+        speculation off for some sequences, never fails the call for all."""
+        needed = self.allocator.pages_needed(seq_id, num_tokens)
+        if needed > self.allocator.num_free_pages - self._reserved:
+            return False
+        self._reserved += needed
+        return True
 
     def _trees(self, start: dict, k: dict[int, int]) -> dict:
         """start: seq_id -> (pending token, predicted feature [D]); returns seq_id -> TokenTree."""

@@ -49,12 +49,12 @@ def head(model_dir, tmp_path_factory):
 class Rig:
     """A target engine and a draft engine joined by hand instead of by the peer stream."""
 
-    def __init__(self, tiny_model, head):
+    def __init__(self, tiny_model, head, draft_tokens=512):
         self.target = TargetEngine(TargetConfig(model_dir=tiny_model, kv_cache_tokens=512, kv_page_size=4))
         self.hidden = self.target.peer.attach()
         self.peer = DraftPeer("127.0.0.1:1")  # never started: steps are fed by `step`
         self.peer._receive(HiddenStep(0, ()))  # the target's hello: connected
-        config = DraftConfig(method="eagle", model_dir=head, target_model_dir=tiny_model, kv_cache_tokens=512, kv_page_size=4)
+        config = DraftConfig(method="eagle", model_dir=head, target_model_dir=tiny_model, kv_cache_tokens=draft_tokens, kv_page_size=4)
         self.draft = DraftEngine(config, load_draft_head("eagle", head, tiny_model, "float32", "cpu"), self.peer)
         self.step_id = self.draft_step_id = 0
 
@@ -244,4 +244,20 @@ def test_draft_fork_checks_before_it_changes_anything(rig):
     assert 2 not in rig.draft._seqs and rig.draft.allocator.num_sequences == 1
     rig.drafts([RemoveSequence(1)])
     rig.step([RemoveSequence(1)])
+    rig.assert_empty()
+
+
+def test_a_full_draft_cache_drops_drafting_for_some_sequences_not_the_call(tiny_model, head):
+    """A draft KV of 256 tokens: two 100-token sequences fit, a third does not; it gets no
+    drafts, the others draft, nothing raises."""
+    rig = Rig(tiny_model, head, draft_tokens=256)
+    prompts = {1: list(range(5, 105)), 2: list(range(105, 205)), 3: [7] * 100}
+    ops = [AddSequence(s, SamplingParams(temperature=0.0)) for s in prompts]
+    rig.step(ops, [prefill(s, p) for s, p in prompts.items()])
+    drafted = rig.drafts(ops, seqs=[1, 2, 3])
+    assert drafted[1] and drafted[2] and drafted[3] == ()
+    assert rig.draft.allocator.num_free_pages >= 0
+    removes = [RemoveSequence(s) for s in prompts]
+    rig.step(removes)
+    rig.drafts(removes)
     rig.assert_empty()
