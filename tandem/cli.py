@@ -1,5 +1,5 @@
 """The `tandem` console script: one subcommand per service, plus up, generate, health, models,
-bench. Flags fall back to TANDEM_* environment variables; configs are built here, once."""
+bench, train-draft. Flags fall back to TANDEM_* environment variables; configs are built here, once."""
 
 import argparse
 import logging
@@ -267,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks (results in bench/results/)")
     add_bench_flags(p)
     p.set_defaults(func=cmd_bench)
+
+    from tandem.train.cli_args import add_train_flags, cmd_train_draft
+
+    p = sub.add_parser("train-draft", help="train an EAGLE or Medusa draft head by self-distillation on ShareGPT")
+    add_train_flags(p)
+    p.set_defaults(func=cmd_train_draft)
     return parser
 
 

@@ -1,0 +1,134 @@
+"""`tandem train-draft` flags (each with a TANDEM_TRAIN_* environment fallback) and the
+TrainConfig they build. Unset sizes take the mode's default: the full recipe for the default
+model, or --quick (a tiny model, built-in prompts, seconds)."""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from tandem.train.config import METHODS, SCHEDULES, TrainConfig
+from tandem.train.selfdistill import DataSpec, default_data_dir
+
+FULL = {"num_prompts": 1920, "max_prompt_tokens": 256, "max_new_tokens": 256, "shard_prompts": 96, "gen_batch": 48,
+        "feature_batch_tokens": 8192, "steps": 2000, "batch_size": 16, "warmup_steps": 100, "checkpoint_every": 200,
+        "log_every": 10, "compute_dtype": "bfloat16", "target_dtype": "bfloat16", "threads": 0}
+QUICK = {"num_prompts": 24, "max_prompt_tokens": 48, "max_new_tokens": 16, "shard_prompts": 8, "gen_batch": 8,
+         "feature_batch_tokens": 1024, "steps": 30, "batch_size": 8, "warmup_steps": 0, "checkpoint_every": 10,
+         "log_every": 5, "compute_dtype": "float32", "target_dtype": "float32", "threads": 1}
+LR = {("eagle", False): 3e-4, ("medusa", False): 1e-3, ("eagle", True): 3e-3, ("medusa", True): 3e-3}
+DTYPES = ["float32", "bfloat16"]
+
+
+def _env(name: str):
+    return os.environ.get(f"TANDEM_TRAIN_{name.upper()}")
+
+
+def _env_flag(name: str) -> bool:
+    return (_env(name) or "").lower() not in ("", "0", "false", "no")
+
+
+def _flag(p, name: str, kind=int, help: str = "", **kw) -> None:
+    """--name with default TANDEM_TRAIN_NAME, else None (the mode's default)."""
+    p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=_env(name), help=help, **kw)
+
+
+def add_train_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--method", choices=METHODS, default=_env("method") or "eagle")
+    _flag(p, "model", str, "target HF folder (default: SmolLM2-135M-Instruct bfloat16; --quick: a tiny model)")
+    _flag(p, "out", str, "run folder (default: $TANDEM_HOME/train/<method>-<model>)")
+    _flag(p, "data_dir", str, "self-distillation shards (default: $TANDEM_HOME/train-data/<model>-<key>)")
+    p.add_argument("--resume", action="store_true", default=_env_flag("resume"),
+                   help="continue the run's last checkpoint (and its data); a run without one starts")
+    p.add_argument("--quick", action="store_true", default=_env_flag("quick"),
+                   help="tiny target, built-in prompts, a few steps (seconds; for tests)")
+    _flag(p, "max_minutes", float, "end the sitting cleanly (checkpoint, head, exit 0) after this long; 0: no limit")
+    _flag(p, "num_prompts", help="training prompts (whole shards; a held-out shard comes on top)")
+    _flag(p, "max_prompt_tokens", help="chat-templated prompt length cap")
+    _flag(p, "max_new_tokens", help="answer length cap")
+    _flag(p, "gen_batch", help="sequences per generation batch")
+    _flag(p, "feature_batch_tokens", help="padded tokens per hidden-state batch")
+    _flag(p, "target_dtype", str, "dtype the target runs in for answers and features", choices=DTYPES)
+    _flag(p, "steps", help="total optimizer steps of the run")
+    _flag(p, "batch_size", help="sequences per step")
+    _flag(p, "lr", float, "peak learning rate (default eagle 3e-4, medusa 1e-3)")
+    _flag(p, "warmup_steps", help="linear warm-up (default: 100, at most a tenth of --steps)")
+    p.add_argument("--schedule", choices=SCHEDULES, default=_env("schedule") or "cosine")
+    _flag(p, "clip", float, "gradient-norm clip (default 1.0)")
+    _flag(p, "weight_decay", float, "AdamW weight decay (default 0)")
+    _flag(p, "checkpoint_every", help="steps between checkpoints")
+    _flag(p, "log_every", help="steps between loss records")
+    _flag(p, "compute_dtype", str, "matmul dtype in training (fp32 master weights)", choices=DTYPES)
+    _flag(p, "threads", help="torch threads (0: torch's default)")
+    _flag(p, "seed")
+    p.add_argument("--format", dest="save_format", choices=["safetensors", "bin"],
+                   default=_env("format") or "safetensors", help="weights file of the head")
+    _flag(p, "ce_weight", float, "EAGLE: weight of the token cross-entropy (default 0.1, EAGLE-1's)")
+    _flag(p, "ttt_steps", help="EAGLE: draft steps unrolled in training (1: EAGLE-1; >1: EAGLE-3 training-time test)")
+    p.add_argument("--init-from-target", action="store_true", default=_env_flag("init_from_target"),
+                   help="EAGLE: start the head's layer from the target's last decoder layer")
+    _flag(p, "draft_vocab", help="EAGLE: prune the draft vocabulary to the N most frequent answer tokens (0: full)")
+    _flag(p, "medusa_heads", help="Medusa heads (default 4)")
+    _flag(p, "medusa_layers", help="Medusa residual blocks per head (default 1)")
+    p.add_argument("--medusa-lm-head", choices=["own", "shared"], default=_env("medusa_lm_head") or "own",
+                   help="Medusa: train an own lm_head per head (Medusa-1; large) or share the target's (small)")
+
+
+def _pick(args, name: str, mode: dict, fallback=None):
+    value = getattr(args, name, None)
+    return value if value is not None else mode.get(name, fallback)
+
+
+def config_from_args(args) -> tuple[TrainConfig, Path]:
+    """(the sitting's config, $TANDEM_HOME)."""
+    from tandem.models.fetch import tandem_home
+
+    home, mode = tandem_home(), QUICK if args.quick else FULL
+    name = f"quick-{args.method}" if args.quick else f"{args.method}-default"
+    out = Path(args.out) if args.out else home / "train" / name
+    target = _target_dir(args, home, out)
+    spec = DataSpec(target_dir=target, quick=args.quick, shard_prompts=mode["shard_prompts"], **{
+        name: _pick(args, name, mode) for name in ("target_dtype", "num_prompts", "max_prompt_tokens", "max_new_tokens",
+                                                   "gen_batch", "feature_batch_tokens")})
+    steps = _pick(args, "steps", mode)
+    data_dir = Path(args.data_dir) if args.data_dir else (out / "data" if args.quick else default_data_dir(home, spec))
+    return TrainConfig(
+        method=args.method, run_dir=out, data_dir=data_dir, data=spec, head_target_dir=target,
+        steps=steps, batch_size=_pick(args, "batch_size", mode),
+        lr=args.lr if args.lr is not None else LR[(args.method, args.quick)],
+        warmup_steps=_pick(args, "warmup_steps", {"warmup_steps": min(mode["warmup_steps"], steps // 10)}), schedule=args.schedule, clip=_pick(args, "clip", mode, 1.0),
+        weight_decay=_pick(args, "weight_decay", mode, 0.0), checkpoint_every=_pick(args, "checkpoint_every", mode),
+        log_every=_pick(args, "log_every", mode), max_minutes=_pick(args, "max_minutes", mode, 0.0), resume=args.resume,
+        seed=_pick(args, "seed", mode, 0), compute_dtype=_pick(args, "compute_dtype", mode),
+        threads=_pick(args, "threads", mode), save_format=args.save_format, quick=args.quick,
+        show_progress=True, ce_weight=_pick(args, "ce_weight", mode, 0.1), ttt_steps=_pick(args, "ttt_steps", mode, 1),
+        init_from_target=args.init_from_target, draft_vocab=_pick(args, "draft_vocab", mode, 0),
+        medusa_heads=_pick(args, "medusa_heads", mode, 4), medusa_layers=_pick(args, "medusa_layers", mode, 1),
+        medusa_lm_head=args.medusa_lm_head,
+    ), home
+
+
+def _target_dir(args, home: Path, out: Path) -> Path:
+    if args.model:
+        return Path(args.model)
+    if args.quick:
+        from tandem.testing.tiny import build_tiny_model
+
+        tiny = out / "tiny-target"
+        return tiny if (tiny / "config.json").is_file() else build_tiny_model(tiny)
+    from tandem.models.fetch import fetch_default_model
+
+    dtype = _pick(args, "target_dtype", FULL)
+    return fetch_default_model(home, log=lambda m: print(m, file=sys.stderr))[dtype]
+
+
+def cmd_train_draft(args) -> int:
+    from tandem.train.run import run_train_draft
+
+    cfg, home = config_from_args(args)
+    record = run_train_draft(cfg, home, log=lambda m: print(m, file=sys.stderr, flush=True))
+    ev = record.get("evaluation", {})
+    print(f"{record['status']}: step {record.get('steps', 0)}/{cfg.steps}; head in {cfg.run_dir / 'head'}; "
+          f"held-out top-1 {ev.get('heldout_top1', float('nan')):.3f}, "
+          f"mean accepted length {ev.get('mean_accepted_length', float('nan')):.3f}")
+    return 0

@@ -1,0 +1,56 @@
+"""The configuration of one `tandem train-draft` sitting, built once by the CLI."""
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tandem.train.selfdistill import DataSpec, spec_dict
+
+METHODS = ("eagle", "medusa")
+SCHEDULES = ("cosine", "linear")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    method: str  # "eagle" or "medusa"
+    run_dir: Path  # checkpoints, the final head (head/), training.json
+    data_dir: Path  # self-distillation shards (shared by runs on the same data)
+    data: DataSpec
+    head_target_dir: Path  # the target folder whose config, embedding and lm_head the head uses
+    steps: int  # total optimizer steps of the run (a resumed run continues up to it)
+    batch_size: int  # sequences per step
+    lr: float
+    warmup_steps: int
+    schedule: str  # decay after warm-up, to 0: "cosine" or "linear"
+    clip: float  # gradient-norm clipping
+    weight_decay: float
+    checkpoint_every: int  # steps
+    log_every: int  # steps
+    max_minutes: float  # 0: no limit; else checkpoint and exit when the sitting has run this long
+    resume: bool
+    seed: int
+    compute_dtype: str  # "bfloat16" (AMX matmuls here) or "float32"
+    threads: int  # torch threads, 0: torch's default
+    save_format: str  # "safetensors" or "bin"
+    quick: bool
+    show_progress: bool = True
+    # EAGLE
+    ce_weight: float = 0.1  # EAGLE-1's p_w: loss = SmoothL1(features) + ce_weight * CE
+    ttt_steps: int = 1  # draft steps unrolled in training (1: EAGLE-1 teacher forcing; >1: EAGLE-3's TTT)
+    init_from_target: bool = False  # the head's layer starts as the target's last decoder layer
+    draft_vocab: int = 0  # 0: the full vocabulary; N: the N most frequent answer tokens (EAGLE-3 d2t)
+    eval_chain: int = 4  # k of the greedy chains whose accepted length is estimated
+    # Medusa
+    medusa_heads: int = 4
+    medusa_layers: int = 1
+    medusa_lm_head: str = "own"  # "own" (trained, initialised from the target's) or "shared" (frozen)
+
+    def __post_init__(self):
+        assert self.method in METHODS, self.method
+        assert self.schedule in SCHEDULES, self.schedule
+        assert self.medusa_lm_head in ("own", "shared"), self.medusa_lm_head
+        assert self.steps >= 0 and self.batch_size > 0 and self.ttt_steps >= 1
+
+    def to_dict(self) -> dict:
+        out = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        out["data"] = spec_dict(self.data)
+        return out

@@ -1,0 +1,97 @@
+"""Training batches from the self-distillation shards, with bounded memory: token arrays are
+small and read whole; features stay memory-mapped and only a batch's rows are copied out.
+
+A batch is a padded set of whole sequences (prompt + answer). Step s of a run takes sequences
+[s * B, (s + 1) * B) of an endless stream of seeded epoch permutations, so a resumed run draws
+the same batches as an uninterrupted one (as long as the data did not grow in between).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tandem.train.selfdistill import answers_path, features_path
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    tokens: torch.Tensor  # [N, L] int64, padded with 0
+    features: torch.Tensor  # [N, L, D] float32: the target's final-norm features (0 on padding)
+    lengths: torch.Tensor  # [N] int64: real length of each sequence
+    prompt_lens: torch.Tensor  # [N] int64: prompt tokens; later tokens are the target's answer
+
+    def answer_mask(self, offset: int) -> torch.Tensor:
+        """[N, L] bool: position j holds an answer token t_{j + offset} that exists, i.e.
+        prompt_len <= j + offset < length."""
+        target = torch.arange(self.tokens.shape[1])[None, :] + offset
+        return (target >= self.prompt_lens[:, None]) & (target < self.lengths[:, None])
+
+
+class ShardedData:
+    """The sequences of some shards; `batch(indices)` gathers them padded."""
+
+    def __init__(self, data_dir: Path, shards: list[int]):
+        self.features: list[np.ndarray] = []  # per shard, memory-mapped [sum L, D]
+        self.tokens: list[np.ndarray] = []  # per shard, [sum L]
+        rows = []  # (shard slot, start, length, prompt_len)
+        for slot, shard in enumerate(shards):
+            with np.load(answers_path(data_dir, shard)) as z:
+                tokens, lengths, prompt_lens = z["tokens"], z["lengths"], z["prompt_lens"]
+            self.features.append(np.load(features_path(data_dir, shard), mmap_mode="r"))
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            rows += [(slot, int(s), int(n), int(p)) for s, n, p in zip(starts, lengths, prompt_lens)]
+            self.tokens.append(tokens)
+        self.rows = rows
+        self.shards = list(shards)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def answer_tokens(self) -> int:
+        return sum(n - p for _, _, n, p in self.rows)
+
+    def tokens_of(self, index: int) -> np.ndarray:
+        slot, start, length, _ = self.rows[index]
+        return self.tokens[slot][start : start + length]
+
+    def batch(self, indices) -> Batch:
+        picked = [self.rows[i] for i in indices]
+        width = max(n for _, _, n, _ in picked)
+        dim = self.features[0].shape[1]
+        tokens = torch.zeros(len(picked), width, dtype=torch.long)
+        feats = torch.zeros(len(picked), width, dim, dtype=torch.float32)
+        for r, (i, (slot, start, length, _)) in enumerate(zip(indices, picked)):
+            tokens[r, :length] = torch.from_numpy(self.tokens_of(i).astype(np.int64))
+            rows = np.asarray(self.features[slot][start : start + length], dtype=np.float32)
+            feats[r, :length] = torch.from_numpy(rows)
+        return Batch(tokens, feats, torch.tensor([n for *_, n, _ in picked]), torch.tensor([p for *_, p in picked]))
+
+    def answer_token_counts(self, vocab_size: int) -> torch.Tensor:
+        """[V] int64: how often each token occurs in the answers (for a pruned draft vocabulary)."""
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        for i, (_, _, _, prompt_len) in enumerate(self.rows):
+            counts += np.bincount(self.tokens_of(i)[prompt_len:], minlength=vocab_size)[:vocab_size]
+        return torch.from_numpy(counts)
+
+
+def step_indices(step: int, batch_size: int, num_sequences: int, seed: int) -> list[int]:
+    """The sequences of training step `step` (0-based): the stream of seeded per-epoch
+    permutations, cut into batches of `batch_size`."""
+    out = []
+    position = step * batch_size
+    while len(out) < batch_size:
+        epoch, offset = divmod(position, num_sequences)
+        perm = np.random.default_rng([seed, epoch]).permutation(num_sequences)
+        take = min(batch_size - len(out), num_sequences - offset)
+        out += perm[offset : offset + take].tolist()
+        position += take
+    return out
+
+
+def eval_batches(data: ShardedData, batch_size: int):
+    """The held-out sequences in order, in batches."""
+    for start in range(0, len(data), batch_size):
+        yield data.batch(range(start, min(start + batch_size, len(data))))

