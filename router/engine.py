@@ -61,7 +61,8 @@ class RouterEngine:
         self.limits = resolve_limits(config, info, draft_max_num_sequence if speculator else None,
                                      speculator.max_draft_tokens if speculator else 0)
         self.speculator = speculator
-        self.scheduler = Scheduler(self.limits, speculator.wants if speculator else None)
+        budget = (lambda: max(self.limits.spec_draft_length, speculator.max_draft_tokens)) if speculator else None
+        self.scheduler = Scheduler(self.limits, speculator.wants if speculator else None, budget)
         if speculator:
             speculator.on_down = self.scheduler.draft_lost
         self.counters = Counters()
@@ -142,7 +143,7 @@ class RouterEngine:
         self._postprocess(plan, result)
 
     async def _speculate(self, plan: StepPlan) -> tuple[StepPlan, int]:
-        plan, draft_step, unserved = await self.speculator.propose(plan, self._last_step)
+        plan, draft_step, unserved = await self.speculator.propose(plan, self._last_step, self.scheduler.draft_cap)
         for seq in unserved:
             self.scheduler.stop_speculating(seq)
         return self.speculator.mark_hidden(plan), draft_step

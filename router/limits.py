@@ -37,6 +37,7 @@ class EngineLimits:
     max_waiting: int = 1024
     sliding_window: int = 0
     max_draft_tokens: int = 0  # draft tokens (tree nodes) per verify at most; 0: spec_draft_length
+    max_context_length: int = 0  # the target's context (0: unchecked)
 
     def __post_init__(self) -> None:
         for name in ("max_held_sequences", "prefill_chunk_size", "kv_page_size", "kv_pages_total", "max_waiting"):
@@ -102,4 +103,5 @@ def resolve_limits(config, info: EngineInfo, draft_max_num_sequence: int | None,
         max_waiting=config.max_waiting,
         sliding_window=info.sliding_window,
         max_draft_tokens=max(k, draft_max_tokens) if k else 0,
+        max_context_length=info.max_context_length,
     )

@@ -45,9 +45,14 @@ class Scheduler:
     recycled ones too: only those may be matched by a speculating root, as only they carry
     the draft's KV (lagging the target's by one token)."""
 
-    def __init__(self, limits: EngineLimits, speculates: Callable[[Sequence], bool] | None = None):
+    def __init__(self, limits: EngineLimits, speculates: Callable[[Sequence], bool] | None = None,
+                 draft_budget: Callable[[], int] | None = None):
         self.limits = limits
         self.speculates = speculates
+        # Draft tokens (tree nodes) a verify may carry: what the draft service says now (it may
+        # come back with another shape), else the limits'.
+        self.draft_budget = draft_budget or (lambda: limits.drafts_per_verify)
+        self._draft_allow: dict[int, int] = {}  # this step's drafts, where fewer than the budget fit
         self.draft_held: set[int] = set()
         self.kv = KvState(limits.kv_pages_total, limits.kv_page_size, limits.max_held_sequences,
                           limits.prefix_cache_max_num_recycling_seqs, limits.sliding_window)
@@ -156,6 +161,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         entries: list[StepEntry] = []
         seqs: list[Sequence] = []
+        self._draft_allow.clear()
         reserved = self._reserve_decodes()
         for seq in self.running:
             if seq.pending_token is not None:
@@ -208,7 +214,19 @@ class Scheduler:
             elif parent := self._idle_parent():
                 self._preempt(parent)
             else:
-                return need  # one sequence alone always fits (checked at enqueue)
+                return self._trim_drafts(decoding)
+
+    def _trim_drafts(self, decoding: list[Sequence]) -> int:
+        """Nothing is left to evict or preempt: speculating sequences draft fewer tokens, down
+        to none (a sequence alone always fits without drafts: checked at enqueue)."""
+        free, need = self.kv.free_pages - self._chunk_pages(), 0
+        for s in decoding:
+            n = self._drafts(s)
+            while n > 0 and need + self.kv.pages_needed(s.seq_id, 1 + n) > free:
+                n -= 1
+            self._draft_allow[s.seq_id] = n
+            need += self.kv.pages_needed(s.seq_id, 1 + n)
+        return need
 
     def _victim(self) -> Sequence:
         """The newest running sequence, sparing seeded sampled ones while others can go: a
@@ -232,7 +250,17 @@ class Scheduler:
         return pages
 
     def _drafts(self, seq: Sequence) -> int:
-        return self.limits.drafts_per_verify if seq.draft_live else 0
+        if not seq.draft_live:
+            return 0
+        return min(self.draft_budget(), self._draft_allow.get(seq.seq_id, self.draft_budget()))
+
+    def draft_cap(self, seq: Sequence) -> int:
+        """Draft tokens this step's verify of `seq` may carry: what its pages were reserved for,
+        and no further than the context (its pending token comes first)."""
+        cap = self._drafts(seq)
+        if self.limits.max_context_length:
+            cap = min(cap, self.limits.max_context_length - self.kv.length(seq.seq_id) - 1)
+        return cap
 
     def _preempt(self, seq: Sequence) -> None:
         """Drops its KV; it waits first in line, to resume from its prompt + output so far (a

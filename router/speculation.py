@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from router.drafts import fit_draft
 from router.request import Sequence as RequestSeq
 from router.scheduler import StepPlan
 from tandem import codec
@@ -108,9 +109,10 @@ class Speculator:
         )
         return dataclasses.replace(plan, entries=entries)
 
-    async def propose(self, plan: StepPlan, after_step: int) -> tuple[StepPlan, int, list[RequestSeq]]:
-        """Drafts for each speculating decode entry; returns the plan with verify entries, the
-        draft step id (0 when nothing was drafted) and the sequences the draft could not serve."""
+    async def propose(self, plan: StepPlan, after_step: int, cap) -> tuple[StepPlan, int, list[RequestSeq]]:
+        """Drafts for each speculating decode entry, at most `cap(seq)` tokens each; returns the
+        plan with verify entries, the draft step id (0 when nothing was drafted) and the
+        sequences the draft could not serve (no drafts, or malformed ones)."""
         if self.healthy:
             self._ops += plan.draft_ops
         wanted = [
@@ -132,12 +134,18 @@ class Speculator:
             self._down(f"{e.code().name}: {e.details()}")
             return plan, 0, []
         result = codec.draft_result_from_pb(response)
-        drafts, parents = result.tokens, result.parents or {}
-        unserved = [s for e, s in wanted if not drafts.get(e.seq_id)]  # the draft lacks its hidden states
+        fitted = {}
+        for e, s in wanted:
+            draft = fit_draft(result.tokens.get(e.seq_id, ()), (result.parents or {}).get(e.seq_id, ()), cap(s))
+            if draft is None:
+                log.warning("draft service sent a malformed tree for sequence %d: dropped", e.seq_id)
+            if draft and draft[0]:
+                fitted[e.seq_id] = draft
+        unserved = [s for e, s in wanted if e.seq_id not in fitted]  # no hidden states, or a bad draft
         entries = tuple(
-            dataclasses.replace(e, token_ids=e.token_ids + drafts[e.seq_id], num_draft_tokens=len(drafts[e.seq_id]),
-                                tree_parents=parents.get(e.seq_id, ()))
-            if drafts.get(e.seq_id) else e
+            dataclasses.replace(e, token_ids=e.token_ids + fitted[e.seq_id][0],
+                                num_draft_tokens=len(fitted[e.seq_id][0]), tree_parents=fitted[e.seq_id][1])
+            if e.seq_id in fitted else e
             for e in plan.entries
         )
         return dataclasses.replace(plan, entries=entries), request.draft_step_id, unserved

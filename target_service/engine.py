@@ -67,8 +67,8 @@ class TargetEngine:
         )
         self.peer = TargetPeer()
         self._samplers: dict[int, SamplingState] = {}
-        self._carry: dict[int, torch.Tensor] = {}
-        self._kept_nodes: dict[int, tuple[int, ...]] = {}  # this step's accepted path of a verify  # hidden of a chunk's last position, awaiting its next token
+        self._carry: dict[int, torch.Tensor] = {}  # hidden of a chunk's last position, awaiting its next token
+        self._kept_nodes: dict[int, tuple[int, ...]] = {}  # this step's accepted path of a verify
         self._tokens: dict[int, list[int]] = {}  # every token in each sequence's KV, in order
         self._lock = threading.Lock()
         self.last_step_id = 0
@@ -325,11 +325,13 @@ def _check_tree(e: StepEntry) -> None:
     if not e.tree_parents:
         return
     k = e.num_draft_tokens
-    bad = len(e.tree_parents) != k or any(not 0 <= p <= i for i, p in enumerate(e.tree_parents))
+    bad = len(e.tree_parents) != k or len(e.token_ids) != k + 1
+    bad = bad or any(not 0 <= p <= i for i, p in enumerate(e.tree_parents))
     if bad:
         raise InvalidArgument(
-            f"entry of sequence {e.seq_id}: tree_parents must give each of the {k} draft tokens a"
-            f" parent node before it (node 0 is the first token), got {list(e.tree_parents)}"
+            f"entry of sequence {e.seq_id}: a tree entry is its root and {k} draft tokens, each with"
+            f" a parent node before it (node 0 is the root), got {len(e.token_ids)} tokens and"
+            f" tree_parents {list(e.tree_parents)}"
         )
     nodes = e.token_ids[len(e.token_ids) - k - 1 :]
     siblings = {(p, nodes[i + 1]) for i, p in enumerate(e.tree_parents)}

@@ -684,7 +684,7 @@ def test_resolve_limits_takes_the_targets_values_by_default():
     assert resolve_limits(config(), INFO, None) == EngineLimits(
         max_num_sequence=32, max_held_sequences=32, max_total_sequence_length=256, prefill_chunk_size=512,
         spec_draft_length=0, prefix_cache_max_num_recycling_seqs=-1, kv_page_size=4, kv_pages_total=64,
-        max_waiting=1024, sliding_window=8)
+        max_waiting=1024, sliding_window=8, max_context_length=512)
 
 
 def test_resolve_limits_with_a_draft_service():
