@@ -47,7 +47,7 @@ class TorchAttention(AttentionBackend):
         trees = any(s.tree_mask is not None for s in slices)
         if trees or batch > 1 or max_q > 1 or sliding_window is not None or max_k != int(k_lens[0]):
             mask = _causal_mask(q_lens, k_lens, max_q, max_k, sliding_window)
-            _apply_trees(mask, slices)
+            _apply_trees(mask, slices, sliding_window)
         dev = self.device
         return TorchPlan(
             query_index=query_index.to(dev),
@@ -77,13 +77,22 @@ def _gather(layer_cache: torch.Tensor, plan: TorchPlan) -> torch.Tensor:
     return units.view(plan.query_index.shape[0], plan.max_k, kvh, d)
 
 
-def _apply_trees(mask: torch.Tensor, slices: list[SequenceSlice]) -> None:
+def _apply_trees(mask: torch.Tensor, slices: list[SequenceSlice], sliding_window: int | None) -> None:
     """Replaces the causal block of a tree's span (its last keys) by its tree mask; mask: [B, 1,
-    max_q, max_k], changed in place."""
+    max_q, max_k], changed in place. A node sits at the span's start + its depth (its ancestors
+    in the span, itself included, minus one), not at its packed index: a sliding window over
+    the keys before the span is measured from there. (Windows are far longer than trees: the
+    span's own keys, ancestors only, are all within it.)"""
     for row, s in enumerate(slices):
-        if s.tree_mask is not None:
-            end = s.num_cached + s.num_new
-            mask[row, 0, : s.num_new, end - s.tree_mask.shape[1] : end] = s.tree_mask
+        if s.tree_mask is None:
+            continue
+        end = s.num_cached + s.num_new
+        start = end - s.tree_mask.shape[1]
+        mask[row, 0, : s.num_new, start:end] = s.tree_mask
+        if sliding_window is not None:
+            positions = start + s.tree_mask.sum(dim=1) - 1  # [num_new]
+            keys = torch.arange(start)
+            mask[row, 0, : s.num_new, :start] = (keys[None, :] > positions[:, None] - sliding_window)
 
 
 def _causal_mask(q_lens, k_lens, max_q, max_k, sliding_window):

@@ -77,3 +77,16 @@ def test_keep_path_compacts_the_accepted_nodes(tmp_path):
     free = cache.allocator.num_free_pages
     cache.allocator.remove(1)
     assert cache.allocator.num_free_pages == 64 and free < 64
+
+
+def test_a_sliding_window_is_measured_from_a_node_s_depth_position():
+    from tandem.attention.base import SequenceSlice
+
+    # Root at position 10, three children at 11: with a window of 4 a child sees prefix keys
+    # 8..10, whatever its packed index (12 or 13) would say.
+    mask = tree_input((-1, 0, 0, 0)).mask
+    plan = TorchAttention().plan([SequenceSlice(10, 4, list(range(14)), mask)], sliding_window=4)
+    for node, position in enumerate((10, 11, 11, 11)):
+        seen = plan.mask[0, 0, node].nonzero().flatten().tolist()
+        ancestors = [10 + j for j in range(4) if mask[node, j]]
+        assert seen == [k for k in range(10) if position - 4 < k] + ancestors, node
