@@ -21,8 +21,8 @@ import torch
 
 from draft_service.config import DraftConfig
 from draft_service.eagle_tree import TreeRoot, grow_trees
-from draft_service.peer_client import DraftPeer
-from tandem.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from draft_service.peer_client import DraftPeer, wait_for_hidden_states
+from tandem.errors import InvalidArgument, NotFound, ResourceExhausted
 from tandem.kv.batching import append_batch
 from tandem.kv.cache import PagedKVCache
 from tandem.ops import AddSequence, DraftRequest, DraftResult, EngineStats, ForkSequence, PopTokens, RemoveSequence
@@ -75,11 +75,7 @@ class DraftEngine:
     def draft(self, request: DraftRequest) -> DraftResult:
         with self._lock:
             started = time.perf_counter()
-            if not self.peer.connected:
-                raise Unavailable(f"draft: no peer stream to the target at {self.peer.target_address}")
-            # Ops-only calls wait too: a remove must not overtake its sequence's last hidden states.
-            if not self.peer.wait_step(request.after_target_step, self.config.hidden_timeout_s):
-                raise Unavailable(f"draft: hidden states of target step {request.after_target_step} never came")
+            wait_for_hidden_states(self.peer, request.after_target_step, self.config.hidden_timeout_s)
             for seq in self._seqs.values():
                 seq.settled = None
             for op in request.ops:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from draft_service.config import DraftConfig
-from tandem.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from draft_service.peer_client import wait_for_hidden_states
+from tandem.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from tandem.models.medusa import MedusaHeads
 from tandem.ops import AddSequence, DraftRequest, DraftResult, DraftSeq, EngineStats, ForkSequence, PopTokens, RemoveSequence
 from tandem.sampling.sampler import process_logits
@@ -74,11 +75,7 @@ class MedusaDraftEngine:
     def draft(self, request: DraftRequest) -> DraftResult:
         with self._lock:
             started = time.perf_counter()
-            if not self.peer.connected:
-                raise Unavailable(f"draft: no peer stream to the target at {self.peer.target_address}")
-            # Ops-only calls wait too: a remove must not overtake its sequence's last hidden states.
-            if not self.peer.wait_step(request.after_target_step, self.config.hidden_timeout_s):
-                raise Unavailable(f"draft: hidden states of target step {request.after_target_step} never came")
+            wait_for_hidden_states(self.peer, request.after_target_step, self.config.hidden_timeout_s)
             for op in request.ops:
                 self._apply(op)
             self.peer.retain(set(self._seqs))

@@ -8,6 +8,7 @@ import threading
 import grpc
 
 from tandem import codec
+from tandem.errors import Unavailable
 from tandem.grpc_server import CHANNEL_OPTIONS
 from tandem.peer import DraftProbs, HiddenPairs
 from tandem.v1 import engine_pb2_grpc
@@ -110,4 +111,14 @@ class DraftPeer:
             self._cond.notify_all()
 
 
-__all__ = ["DraftPeer"]
+def wait_for_hidden_states(peer, after_target_step: int, timeout_s: float) -> None:
+    """A Draft call starts once the target's hidden states of every step up to
+    `after_target_step` are here; ops-only calls wait too: a remove must not overtake its
+    sequence's last hidden states."""
+    if not peer.connected:
+        raise Unavailable(f"draft: no peer stream to the target at {peer.target_address}")
+    if not peer.wait_step(after_target_step, timeout_s):
+        raise Unavailable(f"draft: hidden states of target step {after_target_step} never came")
+
+
+__all__ = ["DraftPeer", "wait_for_hidden_states"]
