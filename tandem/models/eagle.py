@@ -103,6 +103,7 @@ class EagleHead:
         rope_cos: torch.Tensor,  # [max_positions, head_dim] fp32
         rope_sin: torch.Tensor,
         backend: AttentionBackend,
+        vocab_ids: torch.Tensor | None = None,  # [V'] int64: a pruned draft vocabulary (d2t)
     ):
         d = config.hidden_size
         assert fc.shape == (2 * d, d), fc.shape
@@ -110,6 +111,10 @@ class EagleHead:
         self.config = config
         self.fc, self.fc_bias, self.layer = fc, fc_bias, layer
         self.embed, self.lm_head = embed, lm_head
+        # A pruned vocabulary scores only its tokens (EAGLE-3's d2t): a smaller lm_head, and the
+        # rest of the vocabulary at -inf, so the draft never proposes what it was not trained on.
+        self.vocab_ids = vocab_ids
+        self.pruned_lm_head = None if vocab_ids is None else lm_head[:, vocab_ids].contiguous()
         self.dtype = fc.dtype
         self.rope_cos = rope_cos.to(self.dtype)
         self.rope_sin = signed_sin(rope_sin).to(self.dtype)
@@ -138,7 +143,12 @@ class EagleHead:
     @torch.inference_mode()
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [S, D] (predicted, no norm applied) -> logits [S, V] in fp32."""
-        return (features @ self.lm_head).float()
+        if self.vocab_ids is None:
+            return (features @ self.lm_head).float()
+        pruned = (features @ self.pruned_lm_head).float()
+        logits = torch.full((features.shape[0], self.lm_head.shape[1]), float("-inf"), device=features.device)
+        logits[:, self.vocab_ids] = pruned
+        return logits
 
 
 def build_head_weights(
@@ -223,7 +233,23 @@ def load_eagle_head(
     embed, lm_head = _target_embeddings(target, Path(target_dir), dtype, device)
     inv_freq, scaling = _head_rope(Path(head_dir), raw)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)
-    return EagleHead(config, fc, fc_bias, layer, embed, lm_head, cos.to(device), sin.to(device), backend)
+    vocab_ids = _draft_vocab(Path(head_dir), config.vocab_size, device)
+    return EagleHead(config, fc, fc_bias, layer, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids)
+
+
+def _draft_vocab(head_dir: Path, vocab_size: int, device) -> torch.Tensor | None:
+    """The pruned draft vocabulary of `d2t.safetensors` (EAGLE-3: draft token i is target token
+    i + d2t[i]), or None for the full vocabulary."""
+    path = head_dir / "d2t.safetensors"
+    if not path.exists():
+        return None
+    from safetensors.torch import load_file
+
+    d2t = load_file(str(path))["d2t"].to(torch.int64)
+    ids = torch.arange(d2t.shape[0]) + d2t
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
+        raise InvalidArgument(f"{path}: d2t does not map the draft vocabulary into [0, {vocab_size}) one to one")
+    return ids.to(device)
 
 
 def _target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,36 @@
+"""An EAGLE head with a pruned draft vocabulary (EAGLE-3's d2t map) scores only its tokens:
+their logits equal the full head's, every other token is at -inf."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tandem.attention.torch_backend import TorchAttention
+from tandem.errors import InvalidArgument
+from tandem.models.eagle import load_eagle_head
+from tandem.models.eagle_io import random_eagle_checkpoint
+from tandem.testing.tiny import build_tiny_model
+
+
+def test_pruned_head_scores_only_its_vocabulary(tmp_path):
+    target = build_tiny_model(tmp_path / "tiny", seed=0)
+    head_dir = random_eagle_checkpoint(tmp_path / "head", target, seed=1)
+    full = load_eagle_head(head_dir, target, dtype=torch.float32, backend=TorchAttention())
+    keep = torch.tensor([2, 5, 6, 40, 100])
+    save_file({"d2t": keep - torch.arange(5), "t2d": torch.zeros(full.config.vocab_size, dtype=torch.bool)},
+              str(head_dir / "d2t.safetensors"))
+    pruned = load_eagle_head(head_dir, target, dtype=torch.float32, backend=TorchAttention())
+    features = torch.randn(3, full.config.hidden_size)
+    expected, got = full.logits(features), pruned.logits(features)
+    torch.testing.assert_close(got[:, keep], expected[:, keep])
+    others = torch.ones(full.config.vocab_size, dtype=torch.bool)
+    others[keep] = False
+    assert torch.isneginf(got[:, others]).all()
+
+
+def test_a_d2t_map_out_of_the_vocabulary_is_refused(tmp_path):
+    target = build_tiny_model(tmp_path / "tiny", seed=0)
+    head_dir = random_eagle_checkpoint(tmp_path / "head", target, seed=1)
+    save_file({"d2t": torch.tensor([0, 10**6])}, str(head_dir / "d2t.safetensors"))
+    with pytest.raises(InvalidArgument, match="d2t"):
+        load_eagle_head(head_dir, target, dtype=torch.float32, backend=TorchAttention())
