@@ -15,14 +15,15 @@ sampled token included) before it is shared or cut.
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from draft_service.config import DraftConfig
 from draft_service.eagle_tree import TreeRoot, grow_trees
+from draft_service.proposal import proposal_sampler
 from draft_service.peer_client import DraftPeer, wait_for_hidden_states
-from tandem.errors import InvalidArgument, NotFound, ResourceExhausted
+from tandem.errors import InvalidArgument, NotFound
 from tandem.kv.batching import append_batch
 from tandem.kv.cache import PagedKVCache
 from tandem.ops import AddSequence, DraftRequest, DraftResult, EngineStats, ForkSequence, PopTokens, RemoveSequence
@@ -102,10 +103,7 @@ class DraftEngine:
             raise InvalidArgument(f"draft: unknown sequence op {op!r}")
 
     def _new_seq(self, params) -> _Seq:
-        """Checks the limit a new sequence must fit; no side effects."""
-        if len(self._seqs) >= self.config.max_num_sequence:
-            raise ResourceExhausted(f"draft: max_num_sequence ({self.config.max_num_sequence}) live")
-        return _Seq(SamplingState(_proposal_params(params), self.head.config.vocab_size, self.device))
+        return _Seq(proposal_sampler(params, len(self._seqs), self.config, self.head.config.vocab_size, self.device))
 
     def _fork(self, op: ForkSequence) -> None:
         """Forks at most at the parent's settled length: a child forked beyond it (pairs the
@@ -256,12 +254,6 @@ class DraftEngine:
             return int(processed[0].argmax()), None
         q = probabilities(processed, [state])
         return int(draw(q, [state.generator])[0]), q[0]
-
-
-def _proposal_params(params):
-    """The draft proposes from the target's tempered, truncated distribution; penalties need a
-    token history the draft does not keep, and any q keeps verification lossless."""
-    return replace(params, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
 
 
 def _contiguous(pairs: list[HiddenPairs], length: int):

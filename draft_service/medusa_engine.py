@@ -15,13 +15,14 @@ pair of the target's latest step for it); a sequence without one gets no drafts.
 import json
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from draft_service.config import DraftConfig
+from draft_service.proposal import proposal_sampler
 from draft_service.peer_client import wait_for_hidden_states
-from tandem.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from tandem.errors import FailedPrecondition, InvalidArgument, NotFound
 from tandem.models.medusa import MedusaHeads
 from tandem.ops import AddSequence, DraftRequest, DraftResult, DraftSeq, EngineStats, ForkSequence, PopTokens, RemoveSequence
 from tandem.sampling.sampler import process_logits
@@ -105,10 +106,8 @@ class MedusaDraftEngine:
             raise InvalidArgument(f"draft: unknown sequence op {op!r}")
 
     def _new_seq(self, params) -> _Seq:
-        """Checks the limit a new sequence must fit; no side effects."""
-        if len(self._seqs) >= self.config.max_num_sequence:
-            raise ResourceExhausted(f"draft: max_num_sequence ({self.config.max_num_sequence}) live")
-        return _Seq(SamplingState(_proposal_params(params), self.head.config.vocab_size, self.device))
+        # Temperature and truncation do not change the top-k order: only the logit bias matters.
+        return _Seq(proposal_sampler(params, len(self._seqs), self.config, self.head.config.vocab_size, self.device))
 
     def _add(self, seq_id: int, seq: _Seq) -> None:
         if seq_id in self._seqs:
@@ -191,8 +190,3 @@ def medusa_choices(config: DraftConfig, num_heads: int) -> tuple[Choice, ...]:
         raise InvalidArgument(f"medusa_choices leave no node within the {num_heads} heads")
     return choices
 
-
-def _proposal_params(params):
-    """Penalties need a token history the draft does not keep; temperature and truncation do
-    not change the top-k order. Only the logit bias applies."""
-    return replace(params, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)

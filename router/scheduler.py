@@ -288,7 +288,8 @@ class Scheduler:
         seqs.append(seq)
         room.take(size, self.kv.pages_needed(seq.seq_id, size))
 
-    def _has_slot(self, room: "_Room", tokens: int, pages: int | None = None, held: int = 1) -> bool:
+    def _has_slot(self, room: "_Room", tokens: int, pages: int | None = None, held: int = 1,
+                  prompt: tuple[int, ...] = ()) -> bool:
         """A new running sequence with `tokens` to prefill now fits: the step budget, a
         sequence slot, `held` more held sequences (evicting recycled ones) and pages (likewise;
         `pages`: exactly, else a bound), with a page of headroom per running sequence."""
@@ -297,7 +298,11 @@ class Scheduler:
         if room.length + tokens > self.limits.max_total_sequence_length:
             return False
         pages = self.kv.new_pages_bound(tokens) if pages is None else pages
+        protected = False
         while self.kv.held + held > self.limits.max_held_sequences or not room.fits(self.kv, pages + len(self.running)):
+            if prompt and not protected:  # making room must not evict the prompt's own match first
+                self.kv.cache.touch_best_match(prompt)
+                protected = True
             if not (ops := self.kv.evict()):
                 return False
             self._send(ops)
@@ -348,8 +353,8 @@ class Scheduler:
         is live: parents that cannot fork would hold slots for nothing."""
         if seq.is_parent and (self.forking or any(s.is_parent for s in self.running)):
             return False
-        self.kv.cache.touch_best_match(seq.spec.prompt_ids if seq.is_parent else seq.input_ids)
-        return self._has_slot(room, min(seq.prefill_left, room.tokens), held=2 if seq.is_parent else 1)
+        prompt = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
+        return self._has_slot(room, min(seq.prefill_left, room.tokens), held=2 if seq.is_parent else 1, prompt=prompt)
 
 
 @dataclass(slots=True)

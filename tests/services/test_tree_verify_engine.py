@@ -7,28 +7,12 @@ from collections import Counter
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.ops import AddSequence, EntryKind, StepEntry, StepRequest
 from tandem.sampling.params import SamplingParams
-from target_service.config import TargetConfig
-from target_service.engine import TargetEngine
-from tests.services.test_spec_distribution import _fields, exact
+from tests.services.test_spec_distribution import N, PROMPT, _fields, engine, exact, hf  # noqa: F401 (fixtures)
 
-N = 3000
-PROMPT = "The quick brown fox"
 GREEDY = SamplingParams(temperature=0.0)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_model):
-    return TargetEngine(TargetConfig(model_dir=tiny_model, kv_page_size=8, kv_cache_tokens=N * 8 * 2, max_num_sequence=N))
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_model):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(tiny_model)
 
 
 def greedy_continuation(hf, ids, n):

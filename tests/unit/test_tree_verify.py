@@ -10,18 +10,10 @@ from tandem.sampling.sampler import probabilities, process_logits, sample
 from tandem.sampling.state import SamplingState
 from tandem.sampling.tree_verify import TreeVerifyResult, verify_tree
 from tandem.sampling.verify import verify_chain
+from tests.unit.test_verify import one_intra_op_thread  # noqa: F401 (an autouse fixture)
 from tandem.spec.token_tree import TokenTree, chain
 
 V = 8
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_intra_op_thread():
-    """Rows of a few tokens: one thread skips a pool wake-up per op (same results, ~10x faster)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def state(vocab_size: int = V, **kwargs) -> SamplingState:
