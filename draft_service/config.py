@@ -30,6 +30,8 @@ class DraftConfig:
     tree_node_budget: int = 16
     # Medusa trees: a preset name of tandem.spec.token_tree or a JSON list of rank tuples.
     medusa_choices: str = ""
+    # Prometheus /metrics over HTTP on this port, on `host` (0: off).
+    metrics_port: int = 0
 
     def __post_init__(self) -> None:
         if self.shape not in ("chain", "tree"):

@@ -29,6 +29,8 @@ class RouterConfig:
     # How long to wait for the target at start-up and per step.
     connect_timeout_s: float = 120.0
     step_timeout_s: float = 120.0
+    # Prometheus /metrics over HTTP on this port, on `host` (0: off).
+    metrics_port: int = 0
 
     def __post_init__(self) -> None:
         for name in ("prefill_chunk_size", "max_waiting", "default_max_tokens", "spec_draft_length"):

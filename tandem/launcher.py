@@ -37,6 +37,7 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
         "--max-num-sequence", str(args.max_num_sequence),
         "--max-context-length", str(args.max_context_length),
         "--threads", str(args.threads),
+        "--metrics-port", str(args.target_metrics_port),
     ]
     router = [
         "router", *common,
@@ -48,6 +49,7 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
         "--max-total-sequence-length", str(args.max_total_sequence_length),
         "--prefix-cache-max-num-recycling-seqs", str(args.prefix_cache_max_num_recycling_seqs),
         "--spec-draft-length", str(args.spec_draft_length),
+        "--metrics-port", str(args.router_metrics_port),
     ]
     draft = None
     if args.draft != "none":
@@ -59,6 +61,7 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
             "--target", f"{args.host}:{args.target_port}", "--threads", str(args.threads),
             "--tree-top-k", str(args.tree_top_k), "--tree-node-budget", str(args.tree_node_budget),
             "--medusa-choices", args.medusa_choices,
+            "--metrics-port", str(args.draft_metrics_port),
         ]
         if args.shape:
             draft += ["--shape", args.shape]
