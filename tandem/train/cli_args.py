@@ -12,10 +12,10 @@ from tandem.train.selfdistill import DataSpec, default_data_dir
 
 FULL = {"num_prompts": 1920, "max_prompt_tokens": 256, "max_new_tokens": 256, "shard_prompts": 96, "gen_batch": 48,
         "feature_batch_tokens": 8192, "steps": 2000, "batch_size": 16, "warmup_steps": 100, "checkpoint_every": 200,
-        "log_every": 10, "compute_dtype": "bfloat16", "target_dtype": "bfloat16", "threads": 0}
+        "log_every": 10, "compute_dtype": "bfloat16", "target_dtype": "bfloat16", "threads": 0, "eval_mtbench": 20}
 QUICK = {"num_prompts": 24, "max_prompt_tokens": 48, "max_new_tokens": 16, "shard_prompts": 8, "gen_batch": 8,
          "feature_batch_tokens": 1024, "steps": 30, "batch_size": 8, "warmup_steps": 0, "checkpoint_every": 10,
-         "log_every": 5, "compute_dtype": "float32", "target_dtype": "float32", "threads": 1}
+         "log_every": 5, "compute_dtype": "float32", "target_dtype": "float32", "threads": 1, "eval_mtbench": 0}
 LR = {("eagle", False): 3e-4, ("medusa", False): 1e-3, ("eagle", True): 3e-3, ("medusa", True): 3e-3}
 DTYPES = ["float32", "bfloat16"]
 
@@ -61,6 +61,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "compute_dtype", str, "matmul dtype in training (fp32 master weights)", choices=DTYPES)
     _flag(p, "threads", help="torch threads (0: torch's default)")
     _flag(p, "seed")
+    _flag(p, "eval_mtbench", help="also evaluate the head on the target's answers to the first N MT-bench "
+                                  "questions (default 20; --quick: 0)")
     p.add_argument("--format", dest="save_format", choices=["safetensors", "bin"],
                    default=_env("format") or "safetensors", help="weights file of the head")
     _flag(p, "ce_weight", float, "EAGLE: weight of the token cross-entropy (default 0.1, EAGLE-1's)")
@@ -104,7 +106,7 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
         show_progress=True, ce_weight=_pick(args, "ce_weight", mode, 0.1), ttt_steps=_pick(args, "ttt_steps", mode, 1),
         init_from_target=args.init_from_target, draft_vocab=_pick(args, "draft_vocab", mode, 0),
         medusa_heads=_pick(args, "medusa_heads", mode, 4), medusa_layers=_pick(args, "medusa_layers", mode, 1),
-        medusa_lm_head=args.medusa_lm_head,
+        medusa_lm_head=args.medusa_lm_head, eval_mtbench=_pick(args, "eval_mtbench", mode, 0),
     ), home
 
 

@@ -39,6 +39,7 @@ class TrainConfig:
     init_from_target: bool = False  # the head's layer starts as the target's last decoder layer
     draft_vocab: int = 0  # 0: the full vocabulary; N: the N most frequent answer tokens (EAGLE-3 d2t)
     eval_chain: int = 4  # k of the greedy chains whose accepted length is estimated
+    eval_mtbench: int = 0  # also evaluate on the target's answers to this many MT-bench questions
     # Medusa
     medusa_heads: int = 4
     medusa_layers: int = 1

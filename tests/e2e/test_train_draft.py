@@ -1,6 +1,6 @@
 """`tandem train-draft` as a real process: quick mode (a tiny target it builds itself, built-in
 prompts) for both methods, TANDEM_TRAIN_* fallbacks, a resumed sitting; and, marked slow, a
-few steps on the real default model and ShareGPT."""
+few steps on the real default model and ShareGPT, evaluated on MT-bench answers too."""
 
 import json
 
@@ -44,9 +44,13 @@ def test_a_few_steps_on_the_default_model_and_sharegpt(tmp_path, default_model):
     out = tmp_path / "run"
     done = tandem_cli("train-draft", "--out", str(out), "--data-dir", str(tmp_path / "data"), "--num-prompts", "96",
                       "--max-new-tokens", "16", "--max-prompt-tokens", "64", "--steps", "3", "--batch-size", "4",
-                      "--draft-vocab", "4096", timeout=600)
+                      "--draft-vocab", "4096", "--eval-mtbench", "2", timeout=600)
     assert done.returncode == 0, done.stderr
     assert checkpoint_step(out) == 3
+    mtbench = json.loads((out / "training.json").read_text())["evaluation"]["mtbench"]
+    assert set(mtbench) == {"bfloat16", "float32"}  # the training features' dtype and a served fp32 target's
+    assert all(m["questions"] == 2 and m["anchors"] > 0 for m in mtbench.values())
+    assert "MT-bench questions" in (out / "head" / "README.md").read_text()
     head = load_eagle_head(out / "head", default_model, dtype=torch.float32, backend=TorchAttention())
     assert head.config.hidden_size == 576
     assert json.loads((out / "head" / "config.json").read_text())["draft_vocab_size"] == 4096

@@ -1,0 +1,61 @@
+"""The issue's own yardstick for a head: teacher-forced acceptance on the target's greedy
+answers to MT-bench first turns (the questions `tandem bench` serves), next to the ShareGPT
+held-out shard. A gap between the two is domain shift, not a serving fault; evaluating on
+features from the fp32 target as well shows what serving an fp32 target costs a head trained
+on bf16 features.
+
+The answers and features are made once per (questions, answer cap, dtype) into the run folder:
+    mtbench-<dtype>-q<questions>-a<max_new_tokens>/   a one-shard data folder (shard 0)
+"""
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tandem.train.config import TrainConfig
+from tandem.train.dataset import ShardedData, eval_batches
+from tandem.train.loop import autocast
+from tandem.train.selfdistill import answers_path, features_path, make_answers, make_features, shards_done
+
+
+def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) -> Path:
+    """The one-shard data folder of the target's answers to the first `questions` questions."""
+    from tandem.bench.data import mtbench_first_turns
+
+    spec = replace(cfg.data, target_dtype=dtype, num_prompts=0, shard_prompts=questions,
+                   target_dir=_target_dir(cfg, dtype))
+    out = Path(cfg.run_dir) / f"mtbench-{dtype}-q{questions}-a{spec.max_new_tokens}"
+    if shards_done(out, spec) == [0]:
+        return out
+    prompts = mtbench_first_turns(home)[:questions]
+    tokenizer = AutoTokenizer.from_pretrained(spec.target_dir)
+    model = AutoModelForCausalLM.from_pretrained(spec.target_dir, dtype=getattr(torch, dtype)).eval()
+    log(f"MT-bench: the target's ({dtype}) answers to {questions} questions")
+    if not answers_path(out, 0).is_file():
+        make_answers(model, tokenizer, spec, prompts, 0, out)
+    if not features_path(out, 0).is_file():
+        make_features(model, spec, 0, out)
+    return out
+
+
+def _target_dir(cfg: TrainConfig, dtype: str) -> Path:
+    """The sibling folder of the other dtype (…/float32 next to …/bfloat16) when there is one."""
+    target = Path(cfg.data.target_dir)
+    sibling = target.parent / dtype
+    return sibling if target.name in ("float32", "bfloat16") and (sibling / "config.json").is_file() else target
+
+
+def evaluate_on_mtbench(cfg: TrainConfig, method, module, home: Path, questions: int, log) -> dict:
+    """{dtype: chain metrics} on the target's answers to MT-bench, with the training dtype's
+    features and, when it differs, the fp32 target's (what a served fp32 target streams)."""
+    out = {}
+    for dtype in dict.fromkeys([cfg.data.target_dtype, "float32"]):
+        data = ShardedData(mtbench_data(cfg, home, questions, dtype, log), [0])
+        with autocast(getattr(torch, cfg.compute_dtype)):
+            metrics = method.evaluate(module, eval_batches(data, cfg.batch_size))
+        out[dtype] = {"questions": questions, **metrics}
+        log(f"MT-bench ({dtype} target): top-1 {metrics['heldout_top1']:.3f}, mean accepted length "
+            f"{metrics['mean_accepted_length']:.3f}, by depth {metrics['accepted_rate_by_depth']}")
+    return out
