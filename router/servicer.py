@@ -83,6 +83,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             speculation_active=bool(e.speculator and e.speculator.healthy),
             step_ms_total=c.step_ms_total,
             target_compute_ms_total=c.target_compute_ms_total,
+            draft_ms_total=spec.draft_ms,
+            draft_compute_ms_total=spec.draft_compute_ms,
         )
 
 

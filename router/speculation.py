@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -34,6 +35,10 @@ class SpecStats:
     proposed_at: list[int] = field(default_factory=list)  # per draft position (tree depth)
     accepted_at: list[int] = field(default_factory=list)
     draft_failures: int = 0
+    # Draft calls as the router waited for them, and the draft's own time within them (which
+    # includes its wait for the target's hidden states): the difference is RPC overhead.
+    draft_ms: float = 0.0
+    draft_compute_ms: float = 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -128,12 +133,15 @@ class Speculator:
             seqs=tuple(DraftSeq(e.seq_id, min(self.k, self._room(s))) for e, s in wanted),
         )
         self._ops = []
+        started = time.perf_counter()
         try:
             response = await self.stub.Draft(codec.draft_request_to_pb(request), timeout=self.timeout_s)
         except grpc.aio.AioRpcError as e:
             self._down(f"{e.code().name}: {e.details()}")
             return plan, 0, []
         result = codec.draft_result_from_pb(response)
+        self.stats.draft_ms += (time.perf_counter() - started) * 1e3
+        self.stats.draft_compute_ms += result.compute_ms
         fitted = {}
         for e, s in wanted:
             draft = fit_draft(result.tokens.get(e.seq_id, ()), (result.parents or {}).get(e.seq_id, ()), cap(s))

@@ -176,7 +176,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("requests_total", "requests_running", "requests_waiting", "prompt_tokens_total", "completion_tokens_total", "steps_total", "kv_pages_total", "kv_pages_free", "sequences_live", "draft_tokens_total", "accepted_draft_tokens_total", "mean_accepted_length", "acceptance_by_position", "speculation_active", "step_ms_total", "target_compute_ms_total", "cached_prompt_tokens_total", "sequences_recycled", "preemptions_total")
+    __slots__ = ("requests_total", "requests_running", "requests_waiting", "prompt_tokens_total", "completion_tokens_total", "steps_total", "kv_pages_total", "kv_pages_free", "sequences_live", "draft_tokens_total", "accepted_draft_tokens_total", "mean_accepted_length", "acceptance_by_position", "speculation_active", "step_ms_total", "target_compute_ms_total", "cached_prompt_tokens_total", "sequences_recycled", "preemptions_total", "draft_ms_total", "draft_compute_ms_total")
     REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +196,8 @@ class StatsResponse(_message.Message):
     CACHED_PROMPT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_RECYCLED_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_COMPUTE_MS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     requests_total: int
     requests_running: int
     requests_waiting: int
@@ -215,4 +217,6 @@ class StatsResponse(_message.Message):
     cached_prompt_tokens_total: int
     sequences_recycled: int
     preemptions_total: int
-    def __init__(self, requests_total: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_waiting: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., completion_tokens_total: _Optional[int] = ..., steps_total: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., sequences_live: _Optional[int] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., speculation_active: _Optional[bool] = ..., step_ms_total: _Optional[float] = ..., target_compute_ms_total: _Optional[float] = ..., cached_prompt_tokens_total: _Optional[int] = ..., sequences_recycled: _Optional[int] = ..., preemptions_total: _Optional[int] = ...) -> None: ...
+    draft_ms_total: float
+    draft_compute_ms_total: float
+    def __init__(self, requests_total: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_waiting: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., completion_tokens_total: _Optional[int] = ..., steps_total: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., sequences_live: _Optional[int] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., speculation_active: _Optional[bool] = ..., step_ms_total: _Optional[float] = ..., target_compute_ms_total: _Optional[float] = ..., cached_prompt_tokens_total: _Optional[int] = ..., sequences_recycled: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., draft_ms_total: _Optional[float] = ..., draft_compute_ms_total: _Optional[float] = ...) -> None: ...

@@ -51,6 +51,7 @@ def test_trained_head_greedy_equals_target_and_accepts(eagle, reference):
     stats = eagle.stub.Stats(pb.StatsRequest())
     assert stats.speculation_active and stats.mean_accepted_length > 1.5
     assert len(stats.acceptance_by_position) == 4 and stats.acceptance_by_position[0] > 0
+    assert 0 < stats.draft_compute_ms_total <= stats.draft_ms_total  # the draft's time inside its RPCs
     assert eagle.wait_idle().sequences_live == 0
     draft = wait_draft_idle(eagle)
     assert draft.sequences_live == 0 and draft.kv_pages_free == draft.kv_pages_total
