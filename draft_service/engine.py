@@ -18,18 +18,21 @@ import time
 from dataclasses import dataclass
 
 import torch
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from draft_service.config import DraftConfig
 from draft_service.eagle_tree import TreeRoot, grow_trees
 from draft_service.proposal import proposal_sampler
 from draft_service.peer_client import DraftPeer, wait_for_hidden_states
 from tandem.errors import InvalidArgument, NotFound
+from tandem.figures import EngineFigures
 from tandem.kv.batching import append_batch
 from tandem.kv.cache import PagedKVCache
 from tandem.ops import AddSequence, DraftRequest, DraftResult, EngineStats, ForkSequence, PopTokens, RemoveSequence
 from tandem.peer import DraftProbs, HiddenPairs
 from tandem.sampling.sampler import draw, probabilities, process_logits
 from tandem.sampling.state import SamplingState
+from tandem.telemetry.tracing import Tracing, ending, span_continuing
 
 
 @dataclass(slots=True)
@@ -42,10 +45,11 @@ class _Seq:
 
 
 class DraftEngine:
-    def __init__(self, config: DraftConfig, head, peer: DraftPeer):
+    def __init__(self, config: DraftConfig, head, peer: DraftPeer, tracing: Tracing | None = None):
         self.config = config
         self.head = head
         self.peer = peer
+        self.tracing = tracing or Tracing.off()
         self.device = torch.device(config.device)
         mc = head.model_config
         self.cache = PagedKVCache(
@@ -58,13 +62,14 @@ class DraftEngine:
         self._lock = threading.Lock()
         self._steps = 0
         self._tokens_run = 0
+        self.figures = EngineFigures()  # for /metrics and Stats
 
     @property
     def allocator(self):
         return self.cache.allocator
 
     def stats(self) -> EngineStats:
-        return EngineStats(self.allocator.num_pages, self.allocator.num_free_pages, len(self._seqs), self._steps, self._tokens_run)
+        return self.figures.fill(EngineStats(self.allocator.num_pages, self.allocator.num_free_pages, len(self._seqs), self._steps, self._tokens_run))
 
     def reset(self) -> EngineStats:
         with self._lock:
@@ -73,7 +78,8 @@ class DraftEngine:
             self.peer.clear()
         return self.stats()
 
-    def draft(self, request: DraftRequest) -> DraftResult:
+    def draft(self, request: DraftRequest, span: Span = INVALID_SPAN) -> DraftResult:
+        """`span`: the Draft call's span (events; the prefill on hidden states links to it)."""
         with self._lock:
             started = time.perf_counter()
             wait_for_hidden_states(self.peer, request.after_target_step, self.config.hidden_timeout_s)
@@ -82,9 +88,13 @@ class DraftEngine:
             for op in request.ops:
                 self._apply(op)
             self.peer.retain(set(self._seqs))
-            tokens, parents = self._draft(request) if request.seqs else ({}, None)
+            span.add_event("start draft")
+            tokens, parents = self._draft(request, span) if request.seqs else ({}, None)
+            span.add_event("finish draft")
             self._steps += 1
-            return DraftResult(request.draft_step_id, tokens, (time.perf_counter() - started) * 1e3, parents)
+            seconds = time.perf_counter() - started
+            self.figures.record_step(seconds, proposed=sum(len(t) for t in tokens.values()))
+            return DraftResult(request.draft_step_id, tokens, seconds * 1e3, parents)
 
     def _apply(self, op) -> None:
         if isinstance(op, AddSequence):
@@ -135,7 +145,7 @@ class DraftEngine:
             seq.settled = (pairs[0][-1], self._forward([(seq_id, pairs[0], pairs[1])])[0])
         return seq
 
-    def _draft(self, request: DraftRequest) -> tuple[dict[int, tuple[int, ...]], dict | None]:
+    def _draft(self, request: DraftRequest, span: Span = INVALID_SPAN) -> tuple[dict[int, tuple[int, ...]], dict | None]:
         """Returns (tokens, parents): seq_id -> drafts, and for trees seq_id -> their parents."""
         self._reserved = 0
         for s in request.seqs:
@@ -153,7 +163,8 @@ class DraftEngine:
                 ready[s.seq_id] = pairs
         start = {}  # seq_id -> (pending token, predicted feature [D]) of its last real pair
         if ready:
-            features = self._forward([(s, *ready[s]) for s in ready])
+            with ending(self._prefill_span(request.after_target_step, span, ready)):
+                features = self._forward([(s, *ready[s]) for s in ready])
             start = {s: (ready[s][0][-1], f) for s, f in zip(ready, features)}
         for s in request.seqs:
             settled = self._seqs[s.seq_id].settled
@@ -169,6 +180,15 @@ class DraftEngine:
         if start:
             tokens.update(self._chains({s: f for s, (_, f) in start.items()}, k, request.draft_step_id))
         return tokens, None
+
+    def _prefill_span(self, target_step: int, draft_span: Span, ready: dict) -> Span:
+        """The prefill on the target's hidden states: the child of the target's span of the
+        step that sent them (over the peer stream), linked to this Draft call's span."""
+        span = span_continuing(self.tracing, "draft.prefill", self.peer.trace_context(target_step), draft_span)
+        if span.is_recording():
+            span.set_attributes({"tandem.target_step_id": target_step, "tandem.seq_ids": list(ready),
+                                 "tandem.prefill_tokens": sum(len(t) for t, _ in ready.values())})
+        return span
 
     def _speculative_bound(self, k: int) -> int:
         """Speculative positions a draft of depth k appends at most."""

@@ -18,11 +18,13 @@ import time
 from dataclasses import dataclass
 
 import torch
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from draft_service.config import DraftConfig
 from draft_service.proposal import proposal_sampler
 from draft_service.peer_client import wait_for_hidden_states
 from tandem.errors import FailedPrecondition, InvalidArgument, NotFound
+from tandem.figures import EngineFigures
 from tandem.models.medusa import MedusaHeads
 from tandem.ops import AddSequence, DraftRequest, DraftResult, DraftSeq, EngineStats, ForkSequence, PopTokens, RemoveSequence
 from tandem.sampling.sampler import process_logits
@@ -40,7 +42,8 @@ class _Seq:
 
 
 class MedusaDraftEngine:
-    def __init__(self, config: DraftConfig, head: MedusaHeads, peer):
+    def __init__(self, config: DraftConfig, head: MedusaHeads, peer, tracing=None):
+        """tracing: unused; Medusa runs no prefill on hidden states (no KV), only heads."""
         self.config = config
         self.head = head
         self.peer = peer
@@ -54,6 +57,7 @@ class MedusaDraftEngine:
         self._lock = threading.Lock()
         self._steps = 0
         self._tokens_run = 0
+        self.figures = EngineFigures()  # for /metrics and Stats
 
     @property
     def max_draft_tokens(self) -> int:
@@ -65,7 +69,7 @@ class MedusaDraftEngine:
         return "chain" if self.choices == chain_choices(len(self.choices)) else "tree"
 
     def stats(self) -> EngineStats:
-        return EngineStats(0, 0, len(self._seqs), self._steps, self._tokens_run)
+        return self.figures.fill(EngineStats(0, 0, len(self._seqs), self._steps, self._tokens_run))
 
     def reset(self) -> EngineStats:
         with self._lock:
@@ -73,16 +77,20 @@ class MedusaDraftEngine:
             self.peer.clear()
         return self.stats()
 
-    def draft(self, request: DraftRequest) -> DraftResult:
+    def draft(self, request: DraftRequest, span: Span = INVALID_SPAN) -> DraftResult:
         with self._lock:
             started = time.perf_counter()
             wait_for_hidden_states(self.peer, request.after_target_step, self.config.hidden_timeout_s)
             for op in request.ops:
                 self._apply(op)
             self.peer.retain(set(self._seqs))
+            span.add_event("start draft")
             tokens, parents = self._draft(request.seqs) if request.seqs else ({}, {})
+            span.add_event("finish draft")
             self._steps += 1
-            return DraftResult(request.draft_step_id, tokens, (time.perf_counter() - started) * 1e3, parents)
+            seconds = time.perf_counter() - started
+            self.figures.record_step(seconds, proposed=sum(len(t) for t in tokens.values()))
+            return DraftResult(request.draft_step_id, tokens, seconds * 1e3, parents)
 
     # -- sequence ops -------------------------------------------------------------------------
 

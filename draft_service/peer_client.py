@@ -15,6 +15,7 @@ from tandem.v1 import engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 RECONNECT_S = 0.5
+KEEP_TRACE_CONTEXTS = 16  # target steps whose trace context is kept (a Draft call asks for the last)
 
 
 class DraftPeer:
@@ -23,6 +24,7 @@ class DraftPeer:
         self.device = device
         self._pending: dict[int, list[HiddenPairs]] = {}
         self._last_step = 0
+        self._trace_contexts: dict[int, tuple[tuple[str, str], ...]] = {}  # step id -> W3C headers
         self._connected = False
         self._cond = threading.Condition()
         self._outgoing: queue.Queue | None = None
@@ -48,6 +50,11 @@ class DraftPeer:
         """True once the hidden states of target step `step_id` (and all before) are here."""
         with self._cond:
             return self._cond.wait_for(lambda: self._last_step >= step_id, timeout)
+
+    def trace_context(self, step_id: int) -> tuple[tuple[str, str], ...]:
+        """The W3C headers of the target's span of step `step_id` (empty if it was not traced)."""
+        with self._cond:
+            return self._trace_contexts.get(step_id, ())
 
     def take(self, seq_id: int) -> list[HiddenPairs]:
         with self._cond:
@@ -108,6 +115,10 @@ class DraftPeer:
             for pairs in step.seqs:
                 self._pending.setdefault(pairs.seq_id, []).append(pairs)
             self._last_step = max(self._last_step, step.step_id)
+            if step.trace_context:
+                self._trace_contexts[step.step_id] = step.trace_context
+                for old in [s for s in self._trace_contexts if s <= step.step_id - KEEP_TRACE_CONTEXTS]:
+                    del self._trace_contexts[old]
             self._cond.notify_all()
 
 

@@ -16,6 +16,8 @@ from draft_service.peer_client import DraftPeer
 from draft_service.servicer import SERVICE_NAME, DraftServicer
 from tandem.errors import InvalidArgument
 from tandem.grpc_server import SERVER_OPTIONS, ErrorInterceptor, add_health_and_reflection, serve_until_signal
+from tandem.metrics import engine_collector, serve_metrics
+from tandem.telemetry.tracing import Tracing, setup_tracing
 from tandem.v1 import engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -47,28 +49,29 @@ ENGINES = {
 assert set(ENGINES) == set(DRAFT_METHODS), "every draft method has a head loader and an engine"
 
 
-def build_engine(config: DraftConfig, peer) -> tuple[object, EngineKind]:
+def build_engine(config: DraftConfig, peer, tracing: Tracing | None = None) -> tuple[object, EngineKind]:
     """The method's head and engine; raises InvalidArgument for an unknown method."""
     if config.method not in ENGINES:
         raise InvalidArgument(f"draft method {config.method!r} is not one of {sorted(ENGINES)}")
     kind = ENGINES[config.method]
     head = load_draft_head(config.method, config.model_dir, config.target_model_dir, config.dtype, config.device)
-    return kind.engine(config, head, peer), kind
+    return kind.engine(config, head, peer, tracing=tracing), kind
 
 
-def start_draft(config: DraftConfig):
-    """Starts the server and the peer stream; returns (server, health, bound port, engine)."""
+def start_draft(config: DraftConfig, tracing: Tracing | None = None):
+    """Starts the server and the peer stream; returns (server, health, bound port, engine,
+    metrics server or None)."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     peer = DraftPeer(config.target_address, config.device)
-    engine, kind = build_engine(config, peer)
+    engine, kind = build_engine(config, peer, tracing)
     peer.start()
     if not peer.wait_connected(config.hidden_timeout_s * 6):
         raise RuntimeError(f"draft: no peer stream to the target at {config.target_address}")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
     max_draft_tokens, shape = kind.describe(engine)
     servicer = DraftServicer(engine, config.method, config.model_dir.name, config.num_threads or torch.get_num_threads(),
-                             max_draft_tokens=max_draft_tokens, shape=shape)
+                             max_draft_tokens=max_draft_tokens, shape=shape, tracing=tracing)
     engine_pb2_grpc.add_DraftEngineServicer_to_server(servicer, server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     port = server.add_insecure_port(f"{config.host}:{config.port}")
@@ -77,10 +80,15 @@ def start_draft(config: DraftConfig):
     server.start()
     log.info("draft: %s head %s (%s, up to %s drafts) on %s:%d, peer %s", config.method, config.model_dir, shape,
              max_draft_tokens or "k", config.host, port, config.target_address)
-    return server, health, port, engine
+    metrics = serve_metrics(config.host, config.metrics_port, engine_collector("draft", engine), "draft")
+    return server, health, port, engine, metrics
 
 
 def run_draft(config: DraftConfig) -> None:
-    server, health, _, engine = start_draft(config)
+    tracing = setup_tracing("draft")
+    server, health, _, engine, metrics = start_draft(config, tracing)
     serve_until_signal(server, health, "draft")
+    if metrics:
+        metrics.stop()
     engine.peer.stop()
+    tracing.shutdown()  # exports the spans still queued

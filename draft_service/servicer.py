@@ -1,15 +1,19 @@
 """The DraftEngine gRPC servicer: protobuf in, engine call, protobuf out."""
 
+from draft_service.tracing import DRAFT_SPAN, describe_draft
 from target_service.servicer import compute_thread
 from tandem import codec
+from tandem.telemetry.tracing import Tracing, ending, server_span
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 
 class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
     """engine: any draft method's engine (draft_service.server.ENGINES)."""
 
-    def __init__(self, engine, method: str, model: str, threads: int, *, max_draft_tokens: int = 0, shape: str = "chain"):
+    def __init__(self, engine, method: str, model: str, threads: int, *, max_draft_tokens: int = 0, shape: str = "chain",
+                 tracing: Tracing | None = None):
         self.engine = engine
+        self.tracing = tracing or Tracing.off()
         self._compute = compute_thread("draft-compute", threads)
         self.method = method
         self.model = model
@@ -27,7 +31,12 @@ class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
 
     def Draft(self, request, context):
         request = codec.draft_request_from_pb(request)
-        return codec.draft_result_to_pb(self._compute.submit(self.engine.draft, request).result())
+        # An ops-only call the router did not trace is no trace of its own.
+        with ending(server_span(self.tracing, DRAFT_SPAN, context, root_ok=bool(request.seqs))) as span:
+            describe_draft(span, request)
+            result = self._compute.submit(self.engine.draft, request, span).result()
+            describe_draft(span, request, result)
+        return codec.draft_result_to_pb(result)
 
     def Stats(self, request, context):
         return codec.stats_to_pb(self.engine.stats())

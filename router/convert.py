@@ -3,9 +3,11 @@ validation that names the offending field. The only router module that imports g
 
 import uuid
 
+from router.figures import RouterSnapshot
 from router.request import Delta, GenerationSpec, Request
 from router.tokenizer import Tokenizer
 from tandem.errors import InvalidArgument
+from tandem.figures import HistogramSnapshot
 from tandem.sampling.params import SamplingParams
 from tandem.v1 import generate_pb2 as pb
 
@@ -128,3 +130,16 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
             out[i] += v
     return out
 
+
+
+def stats_to_pb(s: RouterSnapshot) -> pb.StatsResponse:
+    """Histograms go out summarised (count, sum, p50/p90/p99); every other field by its name."""
+    fields = {}
+    for name in RouterSnapshot.__dataclass_fields__:
+        value = getattr(s, name)
+        if isinstance(value, HistogramSnapshot):
+            q = value.summary()
+            value = pb.LatencySummary(count=q.count, sum=q.sum, p50=q.p50, p90=q.p90, p99=q.p99)
+        if value is not None:
+            fields[name] = value
+    return pb.StatsResponse(**fields)

@@ -13,17 +13,21 @@ import time
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from router.config import RouterConfig
 from router.limits import resolve_limits
 from router.output import OutputProcessor
+from router.figures import RouterFigures
 from router.request import GenerationSpec, Request, new_request
 from router.scheduler import Scheduler, StepPlan
 from router.speculation import Speculator
 from router.tokenizer import Tokenizer
+from router.tracing import NO_STEP, RouterTracing
 from tandem import codec
 from tandem.errors import TandemError, Unavailable
 from tandem.ops import EngineInfo, StepRequest
+from tandem.telemetry.tracing import Tracing
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -53,8 +57,10 @@ class RouterEngine:
         speculator: Speculator | None = None,
         first_step_id: int = 1,
         draft_max_num_sequence: int | None = None,
+        tracing: Tracing | None = None,
     ):
         self.config = config
+        self.tracing = RouterTracing(tracing or Tracing.off(), info.model)
         self.tokenizer = tokenizer
         self.target = target
         self.info = info
@@ -66,6 +72,7 @@ class RouterEngine:
         if speculator:
             speculator.on_down = self.scheduler.draft_lost
         self.counters = Counters()
+        self.figures = RouterFigures()  # latencies and outcomes, for /metrics and Stats
         self._last_step = 0  # the last target step that completed
         self.kv_pages_free = info.kv_pages_total
         self._requests: list[Request] = []
@@ -81,13 +88,16 @@ class RouterEngine:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def submit(self, spec: GenerationSpec) -> Request:
+    def submit(self, spec: GenerationSpec, span: Span = INVALID_SPAN) -> Request:
+        """`span`: the request's span (router.tracing), ended by the caller."""
         request = new_request(spec, self.scheduler.new_seq_id)
         self.scheduler.enqueue(request)  # raises ResourceExhausted before anything is kept
+        self.tracing.added(request, span)
         for seq in request.choices:
             seq.output = OutputProcessor(seq, self.tokenizer.hf)
         self._requests.append(request)
         self.counters.requests_total += 1
+        self.figures.on_submit(request)
         self.counters.prompt_tokens_total += len(spec.prompt_ids)
         self._wake.set()
         return request
@@ -110,6 +120,8 @@ class RouterEngine:
             self._requests.remove(request)
             self.counters.completion_tokens_total += sum(len(s.output_ids) for s in request.choices)
             self.counters.cached_prompt_tokens_total += request.cached_prompt_tokens
+            self.figures.on_finished(request)
+            self.tracing.finished(request)
         self._wake.set()
 
     async def _loop(self) -> None:
@@ -130,34 +142,42 @@ class RouterEngine:
             self._wake.clear()
             await self._wake.wait()
             return
+        with self.tracing.step(plan) as trace:
+            await self._run_step(plan, trace)
+
+    async def _run_step(self, plan: StepPlan, trace) -> None:
         draft_step = 0
         if self.speculator:
-            plan, draft_step = await self._speculate(plan)
+            plan, draft_step = await self._speculate(plan, trace)
         self.scheduler.commit(plan)
         try:
-            result = await self._step(plan, draft_step)
+            result = await self._step(plan, draft_step, trace)
         except TandemError as e:
             self._fail_running(e)
             await self._reset_target()  # before any new sequence reaches the target
             return
         self._postprocess(plan, result)
+        trace.done(plan, result)
 
-    async def _speculate(self, plan: StepPlan) -> tuple[StepPlan, int]:
-        plan, draft_step, unserved = await self.speculator.propose(plan, self._last_step, self.scheduler.draft_cap)
+    async def _speculate(self, plan: StepPlan, trace=NO_STEP) -> tuple[StepPlan, int]:
+        plan, draft_step, unserved = await self.speculator.propose(plan, self._last_step, self.scheduler.draft_cap, trace)
         for seq in unserved:
             self.scheduler.stop_speculating(seq)
         return self.speculator.mark_hidden(plan), draft_step
 
-    async def _step(self, plan: StepPlan, draft_step: int = 0):
+    async def _step(self, plan: StepPlan, draft_step: int = 0, trace=NO_STEP):
         request = StepRequest(step_id=next(self._step_ids), ops=plan.ops, entries=plan.entries, draft_step_id=draft_step)
         started = time.perf_counter()
         try:
-            response = await self.target.Step(codec.step_request_to_pb(request), timeout=self.config.step_timeout_s)
+            with trace.target_call(request) as metadata:
+                response = await self.target.Step(codec.step_request_to_pb(request), timeout=self.config.step_timeout_s,
+                                                  metadata=metadata)
         except grpc.aio.AioRpcError as e:
             raise _as_error(e) from e
         result = codec.step_result_from_pb(response)
         self.counters.steps_total += 1
         self.counters.step_ms_total += (time.perf_counter() - started) * 1e3
+        self.figures.on_step(time.perf_counter() - started, plan.entries)
         self.counters.target_compute_ms_total += result.compute_ms
         self._last_step = request.step_id
         return result
@@ -175,6 +195,7 @@ class RouterEngine:
             if seq.finished or not outcome.tokens or seq.output is None:
                 continue  # cancelled while the step ran, a chunk with prompt left, a parent
             delta = seq.output.process(outcome.tokens)
+            self.figures.on_tokens(seq, len(delta.tokens))
             # Usage counts what the client got: drafts after a stop are not accepted tokens.
             seq.draft_tokens += entry.num_draft_tokens
             accepted = min(outcome.num_accepted, len(delta.tokens))
@@ -203,6 +224,7 @@ class RouterEngine:
         self.counters.step_errors_total += 1
         for request in self._running_requests():
             request.queue.put_nowait(error)
+            self.figures.mark_failed(request)
             self.cancel(request)
         self.scheduler.reset()
 
@@ -221,6 +243,7 @@ class RouterEngine:
                 error = Unavailable(f"target service unavailable: {e.details()}")
                 for request in list(self._requests):
                     request.queue.put_nowait(error)
+                    self.figures.mark_failed(request)
                     self.cancel(request)
                 self.scheduler.reset()
                 await asyncio.sleep(RESET_RETRY_S)

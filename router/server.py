@@ -8,11 +8,15 @@ import grpc
 
 from router.config import RouterConfig
 from router.engine import RouterEngine
+from router.figures import snapshot
+from router.metrics import router_families
 from router.speculation import Speculator
 from router.servicer import SERVICE_NAME, GenerationServicer
 from router.tokenizer import Tokenizer
 from tandem import codec
 from tandem.grpc_server import CHANNEL_OPTIONS, GRACE_SECONDS, SERVER_OPTIONS, AioErrorInterceptor, add_health_and_reflection_aio
+from tandem.metrics import serve_metrics
+from tandem.telemetry.tracing import Tracing, setup_tracing
 from tandem.v1 import engine_pb2, engine_pb2_grpc, generate_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -32,8 +36,9 @@ async def connect_target(config: RouterConfig):
     return channel, stub, codec.info_from_pb(info), stats.last_step_id
 
 
-async def start_router(config: RouterConfig):
-    """Starts the router; returns (server, engine, health, channel, bound port)."""
+async def start_router(config: RouterConfig, tracing: Tracing | None = None):
+    """Starts the router; returns (server, engine, health, channel, bound port, metrics server
+    or None)."""
     channel, stub, info, last_step = await connect_target(config)
     speculator = None
     if config.draft_address:
@@ -42,7 +47,7 @@ async def start_router(config: RouterConfig):
         await speculator.connect(config.connect_timeout_s)
     draft_max = speculator.max_sequences if speculator and speculator.max_sequences else None
     engine = RouterEngine(config, Tokenizer(config.model_dir), stub, info, speculator,
-                          first_step_id=last_step + 1, draft_max_num_sequence=draft_max)
+                          first_step_id=last_step + 1, draft_max_num_sequence=draft_max, tracing=tracing)
     engine.start()
     server = grpc.aio.server(interceptors=[AioErrorInterceptor()], options=SERVER_OPTIONS)
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
@@ -52,11 +57,12 @@ async def start_router(config: RouterConfig):
         raise RuntimeError(f"router: cannot bind {config.host}:{config.port}")
     await server.start()
     log.info("router: serving on %s:%d, target %s (%s)", config.host, port, config.target_address, info.model)
-    return server, engine, health, channel, port
+    metrics = serve_metrics(config.host, config.metrics_port, lambda: router_families(snapshot(engine)), "router")
+    return server, engine, health, channel, port, metrics
 
 
-async def _serve(config: RouterConfig) -> None:
-    server, engine, health, channel, _ = await start_router(config)
+async def _serve(config: RouterConfig, tracing: Tracing | None = None) -> None:
+    server, engine, health, channel, _, metrics = await start_router(config, tracing)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -67,7 +73,13 @@ async def _serve(config: RouterConfig) -> None:
     await server.stop(GRACE_SECONDS)
     await engine.stop()
     await channel.close()
+    if metrics:
+        metrics.stop()
 
 
 def run_router(config: RouterConfig) -> None:
-    asyncio.run(_serve(config))
+    tracing = setup_tracing("router")
+    try:
+        asyncio.run(_serve(config, tracing))
+    finally:
+        tracing.shutdown()  # exports the spans still queued

@@ -2,10 +2,10 @@
 
 import asyncio
 
-from router import convert
+from router import convert, figures
 from router.engine import RouterEngine
-from router.speculation import SpecStats
 from tandem.errors import TandemError
+from tandem.telemetry.tracing import ending
 from tandem.v1 import generate_pb2 as pb
 from tandem.v1 import generate_pb2_grpc
 
@@ -15,7 +15,15 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         self.engine = engine
 
     async def Generate(self, request, context):
+        operation = "chat" if request.messages else "text_completion"
+        span = self.engine.tracing.start_request(context.invocation_metadata(), operation)
+        with ending(span):
+            async for response in self._generate(request, span):
+                yield response
+
+    async def _generate(self, request, span):
         engine = self.engine
+        span.add_event("start tokenize")
         spec = convert.spec_from_pb(
             request,
             engine.tokenizer,
@@ -23,7 +31,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             max_context=engine.info.max_context_length,
             default_max_tokens=engine.config.default_max_tokens,
         )
-        request = engine.submit(spec)
+        span.add_event("finish tokenize")
+        request = engine.submit(spec, span)
         want_logprobs = spec.sampler.logprobs
         try:
             while True:
@@ -60,32 +69,6 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         )
 
     async def Stats(self, request, context):
-        e = self.engine
-        c = e.counters
-        spec = e.speculator.stats if e.speculator else SpecStats()
-        return pb.StatsResponse(
-            requests_total=c.requests_total,
-            requests_running=len(e.scheduler.running),
-            requests_waiting=len(e.scheduler.waiting),
-            cached_prompt_tokens_total=c.cached_prompt_tokens_total,
-            sequences_recycled=e.scheduler.kv.cache.num_recycled(),
-            preemptions_total=e.scheduler.preempted_total,
-            prompt_tokens_total=c.prompt_tokens_total,
-            completion_tokens_total=c.completion_tokens_total,
-            steps_total=c.steps_total,
-            kv_pages_total=e.info.kv_pages_total,
-            kv_pages_free=e.kv_pages_free,
-            sequences_live=e.scheduler.kv.held,
-            draft_tokens_total=spec.draft_tokens,
-            accepted_draft_tokens_total=spec.accepted_tokens,
-            mean_accepted_length=spec.mean_accepted_length,
-            acceptance_by_position=spec.acceptance_by_position(),
-            speculation_active=bool(e.speculator and e.speculator.healthy),
-            step_ms_total=c.step_ms_total,
-            target_compute_ms_total=c.target_compute_ms_total,
-            draft_ms_total=spec.draft_ms,
-            draft_compute_ms_total=spec.draft_compute_ms,
-        )
-
+        return convert.stats_to_pb(figures.snapshot(self.engine))
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Generation"].full_name

@@ -7,6 +7,7 @@ between the target and the draft on their own stream.
 """
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -114,10 +115,11 @@ class Speculator:
         )
         return dataclasses.replace(plan, entries=entries)
 
-    async def propose(self, plan: StepPlan, after_step: int, cap) -> tuple[StepPlan, int, list[RequestSeq]]:
+    async def propose(self, plan: StepPlan, after_step: int, cap, trace=None) -> tuple[StepPlan, int, list[RequestSeq]]:
         """Drafts for each speculating decode entry, at most `cap(seq)` tokens each; returns the
         plan with verify entries, the draft step id (0 when nothing was drafted) and the
-        sequences the draft could not serve (no drafts, or malformed ones)."""
+        sequences the draft could not serve (no drafts, or malformed ones). `trace`: the step's
+        router.tracing.StepTrace (its draft_call spans the Draft call)."""
         if self.healthy:
             self._ops += plan.draft_ops
         wanted = [
@@ -135,7 +137,8 @@ class Speculator:
         self._ops = []
         started = time.perf_counter()
         try:
-            response = await self.stub.Draft(codec.draft_request_to_pb(request), timeout=self.timeout_s)
+            with trace.draft_call() if trace else contextlib.nullcontext() as metadata:
+                response = await self.stub.Draft(codec.draft_request_to_pb(request), timeout=self.timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as e:
             self._down(f"{e.code().name}: {e.details()}")
             return plan, 0, []

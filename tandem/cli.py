@@ -2,7 +2,6 @@
 bench, train-draft. Flags fall back to TANDEM_* environment variables; configs are built here, once."""
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -201,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="tandem", description="speculative-decoding LLM server")
     parser.add_argument("--log-level", default=_env("log_level", "INFO"))
+    parser.add_argument("--log-format", default=_env("log_format", "text"), choices=["text", "json"],
+                        help="text, or JSON lines with service, request and trace ids")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("target", help="the target (base model) service")
@@ -292,7 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from tandem.telemetry.logs import configure_logging
+    from tandem.telemetry.tracing import service_name
+
+    configure_logging(args.log_level, args.log_format, service_name(args.command))
     return args.func(args) or 0
 
 

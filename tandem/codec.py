@@ -16,6 +16,7 @@ from tandem.ops import (
     EntryKind,
     EntryResult,
     ForkSequence,
+    LatencySummary,
     PopTokens,
     RemoveSequence,
     SampledToken,
@@ -28,6 +29,7 @@ from tandem.peer import DraftProbs, HiddenPairs, HiddenStep
 from tandem.sampling.params import SamplingParams
 from tandem.tensors import tensor_from_pb, tensor_to_pb
 from tandem.v1 import engine_pb2 as pb
+from tandem.v1 import generate_pb2
 
 # -- sampler config ---------------------------------------------------------------------------
 
@@ -165,15 +167,23 @@ def info_from_pb(m: pb.EngineInfo) -> EngineInfo:
     return EngineInfo(**{f: getattr(m, f) for f in EngineInfo.__dataclass_fields__})
 
 
-_STATS_FIELDS = ("kv_pages_total", "kv_pages_free", "sequences_live", "steps_total", "tokens_total", "last_step_id")
+_STATS_FIELDS = tuple(f for f in EngineStats.__dataclass_fields__ if f != "step_seconds")
 
 
 def stats_to_pb(s: EngineStats) -> pb.EngineStats:
-    return pb.EngineStats(**{f: getattr(s, f) for f in _STATS_FIELDS})
+    return pb.EngineStats(**{f: getattr(s, f) for f in _STATS_FIELDS}, step_seconds=latency_to_pb(s.step_seconds))
 
 
 def stats_from_pb(m: pb.EngineStats) -> EngineStats:
-    return EngineStats(**{f: getattr(m, f) for f in _STATS_FIELDS})
+    return EngineStats(**{f: getattr(m, f) for f in _STATS_FIELDS}, step_seconds=latency_from_pb(m.step_seconds))
+
+
+def latency_to_pb(s: LatencySummary) -> generate_pb2.LatencySummary:
+    return generate_pb2.LatencySummary(count=s.count, sum=s.sum, p50=s.p50, p90=s.p90, p99=s.p99)
+
+
+def latency_from_pb(m: generate_pb2.LatencySummary) -> LatencySummary:
+    return LatencySummary(m.count, m.sum, m.p50, m.p90, m.p99)
 
 
 # -- drafts -----------------------------------------------------------------------------------
@@ -217,14 +227,14 @@ def hidden_step_to_pb(h: HiddenStep) -> pb.TargetToDraft:
         pb.SeqHidden(seq_id=p.seq_id, start=p.start, tokens=p.tokens, hidden=tensor_to_pb(p.hidden))
         for p in h.seqs
     ]
-    return pb.TargetToDraft(step_id=h.step_id, seqs=seqs)
+    return pb.TargetToDraft(step_id=h.step_id, seqs=seqs, trace_context=dict(h.trace_context))
 
 
 def hidden_step_from_pb(m: pb.TargetToDraft, device="cpu") -> HiddenStep:
     seqs = tuple(
         HiddenPairs(s.seq_id, s.start, tuple(s.tokens), tensor_from_pb(s.hidden, device)) for s in m.seqs
     )
-    return HiddenStep(m.step_id, seqs)
+    return HiddenStep(m.step_id, seqs, tuple(m.trace_context.items()))
 
 
 def draft_probs_to_pb(d: DraftProbs) -> pb.DraftToTarget:

@@ -11,8 +11,8 @@ from tandem.client import health
 READY_TIMEOUT_S = 300.0
 
 
-def _spawn(args: list[str], log_level: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tandem.cli", "--log-level", log_level, *args])
+def _spawn(args: list[str], log_level: str, log_format: str = "text") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tandem.cli", "--log-level", log_level, "--log-format", log_format, *args])
 
 
 def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = READY_TIMEOUT_S) -> None:
@@ -81,12 +81,12 @@ def run_up(args, model: Path) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        procs.append(_spawn(target_args, args.log_level))
+        procs.append(_spawn(target_args, args.log_level, args.log_format))
         wait_healthy(f"{args.host}:{args.target_port}", procs)
         if draft_args:
-            procs.append(_spawn(draft_args, args.log_level))
+            procs.append(_spawn(draft_args, args.log_level, args.log_format))
             wait_healthy(f"{args.host}:{args.draft_port}", procs)
-        procs.append(_spawn(router_args, args.log_level))
+        procs.append(_spawn(router_args, args.log_level, args.log_format))
         wait_healthy(f"{args.host}:{args.router_port}", procs)
         print(f"tandem up: router on {args.host}:{args.router_port} (draft: {args.draft})", flush=True)
         while not stopping and all(p.poll() is None for p in procs):

@@ -104,6 +104,17 @@ class EngineInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class LatencySummary:
+    """A latency histogram as the Stats RPCs report it (seconds)."""
+
+    count: int = 0
+    sum: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    p99: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStats:
     kv_pages_total: int
     kv_pages_free: int
@@ -111,6 +122,14 @@ class EngineStats:
     steps_total: int = 0
     tokens_total: int = 0
     last_step_id: int = 0
+    # tandem.figures.EngineFigures: tokens by kind, step compute time, throughput.
+    prefill_tokens_total: int = 0
+    decode_tokens_total: int = 0
+    verified_draft_tokens_total: int = 0
+    proposed_draft_tokens_total: int = 0
+    step_seconds: LatencySummary = LatencySummary()
+    uptime_s: float = 0.0
+    tokens_per_second: float = 0.0  # tokens run per second over the last minute
 
 
 @dataclass(frozen=True, slots=True)

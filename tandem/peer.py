@@ -26,6 +26,7 @@ class HiddenPairs:
 class HiddenStep:
     step_id: int
     seqs: tuple[HiddenPairs, ...]
+    trace_context: tuple[tuple[str, str], ...] = ()  # W3C headers of the target's step span
 
 
 @dataclass(frozen=True, slots=True)

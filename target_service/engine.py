@@ -9,9 +9,11 @@ import time
 from collections.abc import Sequence
 
 import torch
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from tandem.attention.torch_backend import TorchAttention
 from tandem.errors import InvalidArgument, ResourceExhausted
+from tandem.figures import EngineFigures
 from tandem.kv.batching import TreeInput, append_batch
 from tandem.kv.cache import PagedKVCache
 from tandem.models.llama import ForwardBatch
@@ -38,6 +40,7 @@ from tandem.sampling.state import SamplingState
 from tandem.sampling.tree_verify import verify_tree
 from tandem.sampling.verify import verify_chain
 from tandem.spec.token_tree import TokenTree
+from tandem.telemetry.tracing import carrier, step_phases
 from target_service.config import TargetConfig
 
 
@@ -74,6 +77,7 @@ class TargetEngine:
         self.last_step_id = 0
         self._steps = 0
         self._tokens_run = 0
+        self.figures = EngineFigures()  # for /metrics and Stats
 
     @property
     def allocator(self):
@@ -95,14 +99,14 @@ class TargetEngine:
         )
 
     def stats(self) -> EngineStats:
-        return EngineStats(
+        return self.figures.fill(EngineStats(
             kv_pages_total=self.config.num_pages,
             kv_pages_free=self.allocator.num_free_pages,
             sequences_live=self.allocator.num_sequences,
             steps_total=self._steps,
             tokens_total=self._tokens_run,
             last_step_id=self.last_step_id,
-        )
+        ))
 
     def reset(self) -> EngineStats:
         with self._lock:
@@ -113,21 +117,26 @@ class TargetEngine:
             self.peer.clear_probs()  # a fresh router numbers its draft steps from 1 again
         return self.stats()
 
-    def step(self, request: StepRequest) -> StepResult:
+    def step(self, request: StepRequest, span: Span = INVALID_SPAN) -> StepResult:
+        """`span`: the step's span (events are added to it; the draft's work on this step's
+        hidden states becomes its child)."""
         with self._lock:
             started = time.perf_counter()
             for op in request.ops:
                 self._apply(op)
-            results = self._run(request) if request.entries else ()
+            trace_context = tuple(carrier(span).items())
+            results = self._run(request, span, trace_context) if request.entries else ()
             if not request.entries:
-                self.peer.send(HiddenStep(request.step_id, ()))
+                self.peer.send(HiddenStep(request.step_id, (), trace_context))
             self._steps += 1
             self.last_step_id = request.step_id
+            seconds = time.perf_counter() - started
+            self.figures.record_step(seconds, request.entries)
             return StepResult(
                 step_id=request.step_id,
                 results=results,
                 kv_pages_free=self.allocator.num_free_pages,
-                compute_ms=(time.perf_counter() - started) * 1e3,
+                compute_ms=seconds * 1e3,
             )
 
     # -- sequence ops -------------------------------------------------------------------------
@@ -201,12 +210,18 @@ class TargetEngine:
         if pages > self.allocator.num_free_pages:
             raise ResourceExhausted(f"KV cache full: step needs {pages} pages, {self.allocator.num_free_pages} free")
 
-    def _run(self, request: StepRequest) -> tuple[EntryResult, ...]:
+    def _run(self, request: StepRequest, span: Span, trace_context) -> tuple[EntryResult, ...]:
         entries = request.entries
         self._kept_nodes.clear()
         self._validate(entries)
+        span.add_event("start embedding")
         batch, first_rows = self._prepare(entries)
-        hidden = self.model.forward(batch, self.cache)
+        embeds = self.model.embed(batch.input_ids)
+        span.add_event("finish embedding")
+        phases = step_phases(entries)  # MLC's trace points: one forward pass serves them all
+        for phase in phases:
+            span.add_event(f"start {phase}")
+        hidden = self.model.forward(batch, self.cache, embeds)
         self._tokens_run += int(batch.input_ids.numel())
         scored = [e for e in entries if e.sample]
         rows = [first_rows[e.seq_id] + len(e.token_ids) - 1 - i for e in scored for i in range(e.num_draft_tokens, -1, -1)]
@@ -220,9 +235,11 @@ class TargetEngine:
             results.update({e.seq_id: EntryResult(e.seq_id, (t,)) for e, t in zip(plain, sampled)})
         drafted = [e for e in scored if e.num_draft_tokens]
         results.update(self._verify(drafted, logits, starts, request.draft_step_id))
+        for phase in phases:
+            span.add_event(f"finish {phase}")
         for e in entries:
             results.setdefault(e.seq_id, EntryResult(e.seq_id, ()))
-        self._emit_hidden(request.step_id, entries, hidden, first_rows, results)
+        self._emit_hidden(request.step_id, entries, hidden, first_rows, results, trace_context)
         return tuple(results[e.seq_id] for e in entries)
 
     def _verify(self, entries, logits, row_starts: dict[int, int], draft_step_id: int) -> dict[int, EntryResult]:
@@ -266,7 +283,7 @@ class TargetEngine:
         self._kept_nodes[e.seq_id] = kept
         return result
 
-    def _emit_hidden(self, step_id: int, entries, hidden, first_rows, results) -> None:
+    def _emit_hidden(self, step_id: int, entries, hidden, first_rows, results, trace_context=()) -> None:
         """Streams (hidden state, next token) pairs of every accepted position to the draft.
         A chunk's last position waits for its next token (the next chunk's first) in a carry."""
         if not self.peer.connected:
@@ -292,7 +309,7 @@ class TargetEngine:
                 rows = rows[:-1]
             if tokens:
                 pairs.append(HiddenPairs(e.seq_id, start, tuple(tokens), rows.clone()))
-        self.peer.send(HiddenStep(step_id, tuple(pairs)))
+        self.peer.send(HiddenStep(step_id, tuple(pairs), trace_context))
 
     def _kept_rows(self, e: StepEntry) -> list[int]:
         """The entry's rows whose tokens stayed in the KV: all but the drafts, then the

@@ -10,20 +10,28 @@ import torch
 
 from tandem import codec
 from tandem.peer import HiddenStep, TargetPeer
+from tandem.telemetry.tracing import Tracing, ending, server_span
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 from target_service.engine import TargetEngine
+from target_service.tracing import STEP_SPAN, describe_step
 
 
 class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
-    def __init__(self, engine: TargetEngine, threads: int):
+    def __init__(self, engine: TargetEngine, threads: int, tracing: Tracing | None = None):
         self.engine = engine
+        self.tracing = tracing or Tracing.off()
         self._compute = compute_thread("target-compute", threads)
 
     def Info(self, request, context):
         return codec.info_to_pb(self.engine.info())
 
     def Step(self, request, context):
-        result = self._compute.submit(self.engine.step, codec.step_request_from_pb(request)).result()
+        step = codec.step_request_from_pb(request)
+        # A step the router did not trace is a root span only if it runs something.
+        with ending(server_span(self.tracing, STEP_SPAN, context, root_ok=bool(step.entries))) as span:
+            describe_step(span, step)
+            result = self._compute.submit(self.engine.step, step, span).result()
+            describe_step(span, step, result)
         return codec.step_result_to_pb(result)
 
     def Stats(self, request, context):

@@ -74,10 +74,16 @@ class LlamaModel:
         self.backend = backend
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
-        """Returns the final-norm hidden states [T, D] of every packed token."""
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] -> token embeddings [T, D]."""
+        return F.embedding(input_ids, self.weights.embed)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: PagedKVCache, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Returns the final-norm hidden states [T, D] of every packed token; `embeds` [T, D]:
+        the tokens' embeddings when the caller ran embed() itself."""
         w = self.weights
-        h = F.embedding(batch.input_ids, w.embed)
+        h = self.embed(batch.input_ids) if embeds is None else embeds
         cos = self.rope_cos[batch.positions]
         sin = self.rope_sin[batch.positions]
         eps = self.config.rms_norm_eps

@@ -1,3 +1,4 @@
+from tandem.v1 import generate_pb2 as _generate_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -30,12 +31,21 @@ class SeqHidden(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., start: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., hidden: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class TargetToDraft(_message.Message):
-    __slots__ = ("step_id", "seqs")
+    __slots__ = ("step_id", "seqs", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     seqs: _containers.RepeatedCompositeFieldContainer[SeqHidden]
-    def __init__(self, step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqHidden, _Mapping]]] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqHidden, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SeqDraftProbs(_message.Message):
     __slots__ = ("seq_id", "probs", "shape", "flat_index", "values")
@@ -307,20 +317,34 @@ class EngineStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("kv_pages_total", "kv_pages_free", "sequences_live", "steps_total", "tokens_total", "last_step_id")
+    __slots__ = ("kv_pages_total", "kv_pages_free", "sequences_live", "steps_total", "tokens_total", "last_step_id", "prefill_tokens_total", "decode_tokens_total", "verified_draft_tokens_total", "proposed_draft_tokens_total", "step_seconds", "uptime_s", "tokens_per_second")
     KV_PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     KV_PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_LIVE_FIELD_NUMBER: _ClassVar[int]
     STEPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     LAST_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_DRAFT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     kv_pages_total: int
     kv_pages_free: int
     sequences_live: int
     steps_total: int
     tokens_total: int
     last_step_id: int
-    def __init__(self, kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., sequences_live: _Optional[int] = ..., steps_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., last_step_id: _Optional[int] = ...) -> None: ...
+    prefill_tokens_total: int
+    decode_tokens_total: int
+    verified_draft_tokens_total: int
+    proposed_draft_tokens_total: int
+    step_seconds: _generate_pb2.LatencySummary
+    uptime_s: float
+    tokens_per_second: float
+    def __init__(self, kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., sequences_live: _Optional[int] = ..., steps_total: _Optional[int] = ..., tokens_total: _Optional[int] = ..., last_step_id: _Optional[int] = ..., prefill_tokens_total: _Optional[int] = ..., decode_tokens_total: _Optional[int] = ..., verified_draft_tokens_total: _Optional[int] = ..., proposed_draft_tokens_total: _Optional[int] = ..., step_seconds: _Optional[_Union[_generate_pb2.LatencySummary, _Mapping]] = ..., uptime_s: _Optional[float] = ..., tokens_per_second: _Optional[float] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ()

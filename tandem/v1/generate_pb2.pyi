@@ -176,7 +176,14 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("requests_total", "requests_running", "requests_waiting", "prompt_tokens_total", "completion_tokens_total", "steps_total", "kv_pages_total", "kv_pages_free", "sequences_live", "draft_tokens_total", "accepted_draft_tokens_total", "mean_accepted_length", "acceptance_by_position", "speculation_active", "step_ms_total", "target_compute_ms_total", "cached_prompt_tokens_total", "sequences_recycled", "preemptions_total", "draft_ms_total", "draft_compute_ms_total")
+    __slots__ = ("requests_total", "requests_running", "requests_waiting", "prompt_tokens_total", "completion_tokens_total", "steps_total", "kv_pages_total", "kv_pages_free", "sequences_live", "draft_tokens_total", "accepted_draft_tokens_total", "mean_accepted_length", "acceptance_by_position", "speculation_active", "step_ms_total", "target_compute_ms_total", "cached_prompt_tokens_total", "sequences_recycled", "preemptions_total", "draft_ms_total", "draft_compute_ms_total", "time_to_first_token", "inter_token_latency", "request_duration", "prefill_step", "decode_step", "generation_tokens_total", "tokens_per_second", "uptime_s", "prefix_cache_hit_rate", "sequences_running", "sequences_waiting", "finished_by_reason", "proposed_by_position", "accepted_by_position", "kv_pages_used", "step_errors_total")
+    class FinishedByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +205,22 @@ class StatsResponse(_message.Message):
     PREEMPTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     DRAFT_MS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     DRAFT_COMPUTE_MS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TIME_TO_FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INTER_TOKEN_LATENCY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_DURATION_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_STEP_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEP_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCES_WAITING_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_BY_POSITION_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_BY_POSITION_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_USED_FIELD_NUMBER: _ClassVar[int]
+    STEP_ERRORS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     requests_total: int
     requests_running: int
     requests_waiting: int
@@ -219,4 +242,34 @@ class StatsResponse(_message.Message):
     preemptions_total: int
     draft_ms_total: float
     draft_compute_ms_total: float
-    def __init__(self, requests_total: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_waiting: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., completion_tokens_total: _Optional[int] = ..., steps_total: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., sequences_live: _Optional[int] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., speculation_active: _Optional[bool] = ..., step_ms_total: _Optional[float] = ..., target_compute_ms_total: _Optional[float] = ..., cached_prompt_tokens_total: _Optional[int] = ..., sequences_recycled: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., draft_ms_total: _Optional[float] = ..., draft_compute_ms_total: _Optional[float] = ...) -> None: ...
+    time_to_first_token: LatencySummary
+    inter_token_latency: LatencySummary
+    request_duration: LatencySummary
+    prefill_step: LatencySummary
+    decode_step: LatencySummary
+    generation_tokens_total: int
+    tokens_per_second: float
+    uptime_s: float
+    prefix_cache_hit_rate: float
+    sequences_running: int
+    sequences_waiting: int
+    finished_by_reason: _containers.ScalarMap[str, int]
+    proposed_by_position: _containers.RepeatedScalarFieldContainer[int]
+    accepted_by_position: _containers.RepeatedScalarFieldContainer[int]
+    kv_pages_used: int
+    step_errors_total: int
+    def __init__(self, requests_total: _Optional[int] = ..., requests_running: _Optional[int] = ..., requests_waiting: _Optional[int] = ..., prompt_tokens_total: _Optional[int] = ..., completion_tokens_total: _Optional[int] = ..., steps_total: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., kv_pages_free: _Optional[int] = ..., sequences_live: _Optional[int] = ..., draft_tokens_total: _Optional[int] = ..., accepted_draft_tokens_total: _Optional[int] = ..., mean_accepted_length: _Optional[float] = ..., acceptance_by_position: _Optional[_Iterable[float]] = ..., speculation_active: _Optional[bool] = ..., step_ms_total: _Optional[float] = ..., target_compute_ms_total: _Optional[float] = ..., cached_prompt_tokens_total: _Optional[int] = ..., sequences_recycled: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., draft_ms_total: _Optional[float] = ..., draft_compute_ms_total: _Optional[float] = ..., time_to_first_token: _Optional[_Union[LatencySummary, _Mapping]] = ..., inter_token_latency: _Optional[_Union[LatencySummary, _Mapping]] = ..., request_duration: _Optional[_Union[LatencySummary, _Mapping]] = ..., prefill_step: _Optional[_Union[LatencySummary, _Mapping]] = ..., decode_step: _Optional[_Union[LatencySummary, _Mapping]] = ..., generation_tokens_total: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., uptime_s: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., sequences_running: _Optional[int] = ..., sequences_waiting: _Optional[int] = ..., finished_by_reason: _Optional[_Mapping[str, int]] = ..., proposed_by_position: _Optional[_Iterable[int]] = ..., accepted_by_position: _Optional[_Iterable[int]] = ..., kv_pages_used: _Optional[int] = ..., step_errors_total: _Optional[int] = ...) -> None: ...
+
+class LatencySummary(_message.Message):
+    __slots__ = ("count", "sum", "p50", "p90", "p99")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    P50_FIELD_NUMBER: _ClassVar[int]
+    P90_FIELD_NUMBER: _ClassVar[int]
+    P99_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    sum: float
+    p50: float
+    p90: float
+    p99: float
+    def __init__(self, count: _Optional[int] = ..., sum: _Optional[float] = ..., p50: _Optional[float] = ..., p90: _Optional[float] = ..., p99: _Optional[float] = ...) -> None: ...

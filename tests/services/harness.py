@@ -3,7 +3,7 @@
 import asyncio
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -32,6 +32,7 @@ class Services:
     draft_server: grpc.Server | None = None
     draft_engine: object = None
     draft_port: int = 0
+    metrics: list = field(default_factory=list)  # the services' /metrics servers (metrics_port set)
 
     @property
     def stub(self) -> generate_pb2_grpc.GenerationStub:
@@ -71,6 +72,8 @@ class Services:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)
         self.target_server.stop(0).wait()
+        for m in self.metrics:
+            m.stop()
 
     async def _stop_router(self):
         await self.router_server.stop(0)
@@ -84,13 +87,13 @@ def start_services(
     """draft_model: a draft head folder for `draft_method`; `draft` overrides DraftConfig fields
     (shape, medusa_choices, ...)."""
     tconf = replace(TargetConfig(model_dir=model_dir, port=0, kv_cache_tokens=8192, kv_page_size=8), **(target or {}))
-    target_server, _, target_port, engine = start_target(tconf)
-    draft_server, draft_engine, draft_port = None, None, 0
+    target_server, _, target_port, engine, target_metrics = start_target(tconf)
+    draft_server, draft_engine, draft_port, draft_metrics = None, None, 0, None
     if draft_model is not None:
         dconf = DraftConfig(method=draft_method, model_dir=draft_model, target_model_dir=model_dir,
                             target_address=f"127.0.0.1:{target_port}", port=0, kv_cache_tokens=8192, kv_page_size=8)
         dconf = replace(dconf, **(draft or {}))
-        draft_server, _, draft_port, draft_engine = start_draft(dconf)
+        draft_server, _, draft_port, draft_engine, draft_metrics = start_draft(dconf)
         router = {"draft_address": f"127.0.0.1:{draft_port}", **(router or {})}
     rconf = replace(
         RouterConfig(model_dir=model_dir, target_address=f"127.0.0.1:{target_port}", port=0, connect_timeout_s=30),
@@ -99,10 +102,12 @@ def start_services(
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    server, router_engine, _, _, router_port = asyncio.run_coroutine_threadsafe(start_router(rconf), loop).result(timeout=60)
+    server, router_engine, _, _, router_port, router_metrics = asyncio.run_coroutine_threadsafe(
+        start_router(rconf), loop).result(timeout=60)
     channel = grpc.insecure_channel(f"127.0.0.1:{router_port}", options=CHANNEL_OPTIONS)
+    metrics = [m for m in (router_metrics, draft_metrics, target_metrics) if m is not None]
     return Services(target_port, router_port, target_server, engine, loop, thread, server, router_engine, channel,
-                    draft_server, draft_engine, draft_port)
+                    draft_server, draft_engine, draft_port, metrics)
 
 
 def generate(stub, timeout: float = 120, **fields) -> tuple[list[int], str, list, generate_pb2.GenerateResponse]:

@@ -112,7 +112,7 @@ def test_killing_the_draft_fails_no_request(tiny_model, trained_head, reference)
         # a draft back on the same port: new requests speculate again
         config = DraftConfig(method="eagle", model_dir=trained_head, target_model_dir=tiny_model,
                              target_address=f"127.0.0.1:{s.target_port}", port=s.draft_port)
-        s.draft_server, _, _, s.draft_engine = start_draft(config)
+        s.draft_server, _, _, s.draft_engine, _ = start_draft(config)
         deadline = time.monotonic() + 30
         while not s.stub.Stats(pb.StatsRequest()).speculation_active:
             assert time.monotonic() < deadline, "the router never saw the draft healthy again"

@@ -1,0 +1,2 @@
+"""Telemetry shared by the three services: tracing (OpenTelemetry, configured by OTEL_*) and
+structured logs."""
