@@ -4,6 +4,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tandem.bench.services import free_port
 from tandem.client import health
@@ -20,9 +24,11 @@ def wait_serving(address: str, proc: subprocess.Popen, timeout: float = 120) -> 
 
 def test_up_generate_health_and_sigterm(tiny_model):
     router, target = free_port(), free_port()
+    router_metrics, target_metrics = free_port(), free_port()
     up = subprocess.Popen(
         [sys.executable, "-m", "tandem.cli", "up", "--model", str(tiny_model),
-         "--router-port", str(router), "--target-port", str(target), "--draft", "none"],
+         "--router-port", str(router), "--target-port", str(target), "--draft", "none",
+         "--router-metrics-port", str(router_metrics), "--target-metrics-port", str(target_metrics)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -41,6 +47,9 @@ def test_up_generate_health_and_sigterm(tiny_model):
         assert three.returncode == 0, three.stderr
         assert all(f"[{i}] " in three.stdout for i in range(3)), three.stdout
         assert " 0 prompt tokens from the prefix cache" not in three.stderr, three.stderr
+        # `tandem up` serves each service's Prometheus metrics
+        assert scrape_value(router_metrics, "tandem_router_generation_tokens_total") >= 12 + 5 + 15
+        assert scrape_value(target_metrics, "tandem_target_steps_total") > 0
     finally:
         up.send_signal(signal.SIGTERM)
         code = up.wait(timeout=60)
@@ -48,6 +57,14 @@ def test_up_generate_health_and_sigterm(tiny_model):
     # both services are gone with it
     assert health(f"127.0.0.1:{router}", timeout=1.0, quiet=True) == 1
     assert health(f"127.0.0.1:{target}", timeout=1.0, quiet=True) == 1
+    with pytest.raises(OSError):  # and so are their metrics endpoints
+        scrape_value(router_metrics, "tandem_router_requests_total")
+
+
+def scrape_value(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
 
 
 def test_health_of_nothing_fails():
