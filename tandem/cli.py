@@ -191,8 +191,9 @@ def cmd_health(args) -> int:
 def cmd_bench(args) -> int:
     from tandem.bench.plain import run_bench
     from tandem.bench.prefix import run_prefix_bench
+    from tandem.bench.spec import run_spec_bench
 
-    return run_prefix_bench(args) if args.mode == "prefix" else run_bench(args)
+    return {"prefix": run_prefix_bench, "spec": run_spec_bench}.get(args.mode, run_bench)(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,15 +12,20 @@ from pathlib import Path
 
 import grpc
 
+from tandem.bench.hf import HFGenerator
+from tandem.bench.inputs import bench_model, bench_prompts
 from tandem.bench.machine import machine_facts, matvec_bandwidth
 from tandem.bench.services import running_services
+from tandem.bench.spec_modes import add_spec_flags
 from tandem.grpc_server import CHANNEL_OPTIONS
 from tandem.v1 import generate_pb2 as pb
 from tandem.v1 import generate_pb2_grpc
 
 
 def add_bench_flags(p) -> None:
-    p.add_argument("--mode", choices=["plain", "prefix"], default="plain")
+    p.add_argument("--mode", choices=["plain", "prefix", "spec"], default="plain",
+                   help="plain: tandem vs transformers; prefix: the prefix cache on vs off;"
+                        " spec: speculation modes side by side")
     p.add_argument("--model", default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--questions", type=int, default=80, help="MT-bench first turns to use (of 80)")
@@ -28,22 +33,8 @@ def add_bench_flags(p) -> None:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--threads", type=int, default=0, help="torch threads for both (0: all cores)")
     p.add_argument("--out", default="bench/results")
-    p.add_argument("--reduced", action="store_true", help="a tiny random model and 4 prompts (for tests)")
-
-
-def _prompts(args, tokenizer) -> list[list[int]]:
-    if args.reduced:
-        from tandem.testing.tiny import TINY_PROMPTS
-
-        texts = list(TINY_PROMPTS[:4])
-    else:
-        from tandem.bench.data import mtbench_first_turns
-        from tandem.models.fetch import tandem_home
-
-        texts = mtbench_first_turns(tandem_home())[: args.questions]
-    chats = [[{"role": "user", "content": t}] for t in texts]
-    rendered = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
-    return [tokenizer(r, add_special_tokens=False)["input_ids"] for r in rendered]
+    p.add_argument("--reduced", action="store_true", help="a tiny random model (and heads) and 4 prompts (for tests)")
+    add_spec_flags(p)
 
 
 def _tandem_one(stub, ids: list[int], max_tokens: int) -> list[int]:
@@ -54,31 +45,6 @@ def _tandem_one(stub, ids: list[int], max_tokens: int) -> list[int]:
     return out
 
 
-def _transformers_generate(args, model: Path):
-    """A function generating exactly max_tokens greedy tokens for a batch, eos not stopping it
-    (the same work tandem does with ignore_eos)."""
-    import copy
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, args.dtype)).eval()
-    config = copy.deepcopy(hf.generation_config)
-    config.eos_token_id = None
-    config.pad_token_id = 0
-
-    def generate(batch: list[list[int]]) -> list[list[int]]:
-        width = max(map(len, batch))
-        ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])  # left padding
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-        with torch.inference_mode():
-            out = hf.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                              max_new_tokens=args.max_tokens, do_sample=False)
-        return out[:, width:].tolist()
-
-    return generate
-
-
 def bench_side_by_side(args, model: Path, prompts) -> tuple[dict, dict, list, list]:
     """Alternates tandem and transformers group by group (a group: `concurrency` prompts, as
     concurrent streams for tandem, as one padded batch for transformers), so that drift in the
@@ -87,7 +53,8 @@ def bench_side_by_side(args, model: Path, prompts) -> tuple[dict, dict, list, li
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    hf_generate = _transformers_generate(args, model)
+    generator = HFGenerator(model, args.dtype, args.max_tokens)
+    hf_generate = lambda batch: generator.generate(batch).outputs  # noqa: E731
     tandem, hf = {}, {}
     with running_services(model, args.dtype, args.threads) as address:
         with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
@@ -132,28 +99,14 @@ def _figures(seconds: float, outputs: list[list[int]]) -> dict:
 def run_bench(args) -> int:
     from transformers import AutoTokenizer
 
-    model = _model(args)
-    prompts = _prompts(args, AutoTokenizer.from_pretrained(model))
+    model = bench_model(args)
+    prompts = bench_prompts(args, AutoTokenizer.from_pretrained(model))
     print(f"bench plain: {len(prompts)} prompts x {args.max_tokens} tokens, {model}", flush=True)
     tandem, hf, tandem_outputs, hf_outputs = bench_side_by_side(args, model, prompts)
     report = _report(args, model, tandem, hf, tandem_outputs, hf_outputs)
     _write(Path(args.out), report)
     print(json.dumps(report["summary"], indent=2))
     return 0
-
-
-def _model(args) -> Path:
-    if args.reduced:
-        import tempfile
-
-        from tandem.testing.tiny import build_tiny_model
-
-        return build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
-    if args.model:
-        return Path(args.model)
-    from tandem.models.fetch import fetch_default_model, tandem_home
-
-    return fetch_default_model(tandem_home())[args.dtype]
 
 
 def _report(args, model: Path, tandem: dict, hf: dict, tandem_outputs: list, hf_outputs: list) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 
 from tandem.bench.machine import machine_facts
-from tandem.bench.plain import _model
+from tandem.bench.inputs import bench_model
 from tandem.bench.services import running_services
 from tandem.grpc_server import CHANNEL_OPTIONS
 from tandem.v1 import generate_pb2 as pb
@@ -46,7 +46,7 @@ def run_prefix_bench(args) -> int:
     from tandem.bench.data import mtbench_first_turns
     from tandem.models.fetch import tandem_home
 
-    model = _model(args)
+    model = bench_model(args)
     questions = mtbench_first_turns(tandem_home())[: args.questions]
     off_flags = ("--prefix-cache-max-num-recycling-seqs", "0")
     with running_services(model, args.dtype, args.threads) as on_addr, \

@@ -1,9 +1,11 @@
-"""Runs target and router as real processes on free loopback ports, for benchmarks."""
+"""Runs target, draft and router as real processes on free loopback ports, for benchmarks."""
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.launcher import wait_healthy
@@ -15,28 +17,67 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True, slots=True)
+class StackSpec:
+    """One target + router (+ draft) stack: extra flags for each process; `draft` None means
+    plain decoding (no draft process)."""
+
+    draft: tuple[str, ...] | None = None
+    target: tuple[str, ...] = ()
+    router: tuple[str, ...] = ()
+
+
 @contextlib.contextmanager
 def running_services(model: Path, dtype: str, threads: int = 0, extra_target: tuple[str, ...] = (),
                      extra_router: tuple[str, ...] = ()):
-    """Yields the router's address; stops both processes afterwards."""
-    tport, rport = free_port(), free_port()
-    cli = [sys.executable, "-m", "tandem.cli"]
-    procs = []
+    """Yields the router's address; stops the processes afterwards."""
+    with running_stacks(model, dtype, threads, [StackSpec(None, extra_target, extra_router)]) as addresses:
+        yield addresses[0]
+
+
+@contextlib.contextmanager
+def running_stacks(model: Path, dtype: str, threads: int, specs: list[StackSpec]):
+    """Starts every stack, each tier of processes in parallel (targets, then drafts, then
+    routers: each needs the one before it), and yields the routers' addresses in order."""
+    cli = [sys.executable, "-m", "tandem.cli", "--log-level", "WARNING"]
+    common = ["--model", str(model), "--dtype", dtype, "--host", "127.0.0.1"]
+    procs: list[subprocess.Popen] = []
+    tports = [free_port() for _ in specs]
     try:
-        target = [*cli, "--log-level", "WARNING", "target", "--model", str(model), "--dtype", dtype,
-                  "--host", "127.0.0.1", "--port", str(tport), "--threads", str(threads), *extra_target]
-        procs.append(subprocess.Popen(target))
-        wait_healthy(f"127.0.0.1:{tport}", procs)
-        router = [*cli, "--log-level", "WARNING", "router", "--model", str(model), "--dtype", dtype,
-                  "--host", "127.0.0.1", "--port", str(rport), "--target", f"127.0.0.1:{tport}", *extra_router]
-        procs.append(subprocess.Popen(router))
-        wait_healthy(f"127.0.0.1:{rport}", procs)
-        yield f"127.0.0.1:{rport}"
+        _start_tier(procs, [
+            (p, [*cli, "target", *common, "--port", str(p), "--threads", str(threads), *s.target])
+            for s, p in zip(specs, tports)
+        ])
+        dports = {i: free_port() for i, s in enumerate(specs) if s.draft is not None}
+        _start_tier(procs, [
+            (dports[i], [*cli, "draft", *common, "--port", str(dports[i]), "--threads", str(threads),
+                         "--target", f"127.0.0.1:{tports[i]}", *specs[i].draft])
+            for i in dports
+        ])
+        rports = [free_port() for _ in specs]
+        _start_tier(procs, [
+            (rp, [*cli, "router", *common, "--port", str(rp), "--target", f"127.0.0.1:{tp}",
+                  *(["--draft", f"127.0.0.1:{dports[i]}"] if i in dports else []), *s.router])
+            for i, (s, tp, rp) in enumerate(zip(specs, tports, rports))
+        ])
+        yield [f"127.0.0.1:{p}" for p in rports]
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in reversed(procs):
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
+
+
+def _start_tier(procs: list[subprocess.Popen], tier: list[tuple[int, list[str]]]) -> None:
+    # No Prometheus endpoints: several stacks on one machine would collide on their fixed ports.
+    env = {**os.environ, "TANDEM_METRICS_PORT": "0"}
+    procs += [subprocess.Popen(cmd, env=env) for _, cmd in tier]
+    for port, _ in tier:
+        wait_healthy(f"127.0.0.1:{port}", procs)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in reversed(procs):  # routers first, so they stop sending steps
+        p.terminate()
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()

@@ -1,0 +1,103 @@
+"""`tandem bench --mode spec`: its flags, its frozen config, and the modes (rows) it compares."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.bench.services import StackSpec
+
+HEADS = Path(__file__).resolve().parents[2] / "heads"
+DEFAULT_EAGLE_HEAD = HEADS / "eagle-smollm2-135m"
+DEFAULT_MEDUSA_HEAD = HEADS / "medusa-smollm2-135m"
+TEMPERATURES = (0.0, 1.0)
+
+
+def add_spec_flags(p) -> None:
+    p.add_argument("--eagle-head", default=None, help=f"EAGLE head folder (default: {DEFAULT_EAGLE_HEAD})")
+    p.add_argument("--medusa-head", default=None, help=f"Medusa head folder (default: {DEFAULT_MEDUSA_HEAD})")
+    p.add_argument("--spec-draft-length", type=int, default=4, help="k: chain length, tree depth at most")
+    p.add_argument("--tree-top-k", type=int, default=4, help="EAGLE tree: frontier nodes and children per depth")
+    p.add_argument("--tree-node-budget", type=int, default=16, help="EAGLE tree: draft tokens per step")
+    p.add_argument("--lookup-tokens", type=int, default=10,
+                   help="transformers' prompt_lookup_num_tokens (the value its documentation uses)")
+    p.add_argument("--seed", type=int, default=0, help="temperature 1: request i draws with seed + i")
+
+
+@dataclass(frozen=True, slots=True)
+class SpecBenchConfig:
+    dtype: str
+    max_tokens: int
+    concurrency: int
+    threads: int
+    seed: int
+    eagle_head: Path | None  # None: build a tiny random one (--reduced)
+    medusa_head: Path | None
+    spec_draft_length: int
+    tree_top_k: int
+    tree_node_budget: int
+    lookup_tokens: int
+    out: Path
+    reduced: bool
+
+    @property
+    def batches(self) -> tuple[int, ...]:
+        return (1, self.concurrency) if self.concurrency > 1 else (1,)
+
+
+def spec_config(args) -> SpecBenchConfig:
+    """Heads not named take the shipped defaults, or under --reduced tiny random ones."""
+    def head(flag, default):
+        return Path(flag) if flag else (None if args.reduced else default)
+
+    return SpecBenchConfig(
+        dtype=args.dtype, max_tokens=args.max_tokens, concurrency=args.concurrency, threads=args.threads,
+        seed=args.seed, eagle_head=head(args.eagle_head, DEFAULT_EAGLE_HEAD),
+        medusa_head=head(args.medusa_head, DEFAULT_MEDUSA_HEAD), spec_draft_length=args.spec_draft_length,
+        tree_top_k=args.tree_top_k, tree_node_budget=args.tree_node_budget, lookup_tokens=args.lookup_tokens,
+        out=Path(args.out), reduced=args.reduced,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Mode:
+    """One row of the comparison: in the bench process (transformers) or a service stack."""
+
+    name: str
+    label: str
+    how: str  # what exactly runs, and what "batch" means for it
+    stack: StackSpec | None = None  # tandem modes
+    lookup_tokens: int = 0  # transformers: prompt-lookup decoding when > 0
+    skipped: str = ""  # why the whole mode does not run
+
+    @property
+    def speculative(self) -> bool:
+        return self.lookup_tokens > 0 or bool(self.stack and self.stack.draft)
+
+
+def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
+    """The six rows, in report order; a missing head folder skips its rows with the reason."""
+    k = ("--spec-draft-length", str(cfg.spec_draft_length))
+    services = "target, draft and router as processes; batch B: B concurrent Generate streams"
+    tree = ("--shape", "tree", "--tree-top-k", str(cfg.tree_top_k), "--tree-node-budget", str(cfg.tree_node_budget))
+
+    def draft(name, label, method, head, shape_flags, how):
+        if not (head / "config.json").exists():
+            return Mode(name, label, how, skipped=f"skipped: no head at {head}")
+        args = ("--method", method, "--draft-model", str(head), *shape_flags)
+        return Mode(name, label, how, StackSpec(draft=args, router=k))
+
+    return [
+        Mode("hf_generate", "transformers generate", "transformers generate() in the bench process;"
+             " batch B: one left-padded batch of B prompts"),
+        Mode("hf_prompt_lookup", "transformers prompt lookup",
+             f"transformers generate(prompt_lookup_num_tokens={cfg.lookup_tokens}) in the bench process;"
+             " batch B: one left-padded batch (transformers refuses B > 1)", lookup_tokens=cfg.lookup_tokens),
+        Mode("tandem_plain", "tandem plain", "target and router as processes (--draft none); batch B: B concurrent"
+             " Generate streams", StackSpec(router=k)),
+        draft("eagle_chain", "tandem EAGLE chain", "eagle", eagle, ("--shape", "chain"),
+              f"{services}; EAGLE chain of k = {cfg.spec_draft_length}"),
+        draft("eagle_tree", "tandem EAGLE tree", "eagle", eagle, tree,
+              f"{services}; EAGLE-2 tree, top-k {cfg.tree_top_k}, {cfg.tree_node_budget} nodes,"
+              f" depth <= {cfg.spec_draft_length}"),
+        draft("medusa", "tandem Medusa", "medusa", medusa, ("--shape", "tree"),
+              f"{services}; Medusa static tree, depth <= {cfg.spec_draft_length}"),
+    ]

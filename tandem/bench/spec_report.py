@@ -1,0 +1,89 @@
+"""The speculation bench's report: rows with their ratios, the machine's facts, and the files
+(JSON, markdown table, PNG plots) written into the results folder."""
+
+import json
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from tandem.bench.machine import machine_facts
+from tandem.bench.spec_modes import SpecBenchConfig
+
+NOTES = (
+    "Every request generates exactly max_tokens tokens (eos ignored), in every mode.",
+    "transformers runs in the bench process; its batch B is one left-padded batch of B prompts."
+    " tandem's batch B is B concurrent Generate streams to the router (target, draft and router as"
+    " processes).",
+    "transformers refuses prompt lookup for batches of more than one prompt: those rows are skipped"
+    " with its error.",
+    "Accepted length: tokens per verify step, the bonus token included (tandem: from each request's"
+    " Usage; transformers: tokens per forward pass and sequence, so plain generate is 1).",
+    "Temperature 1: full distribution (no top-k / top-p), request i seeded with seed + i; speculative"
+    " sampling keeps the target's distribution, not its draws, so outputs differ between modes.",
+    "Time split from the router's Stats: target = the target's compute in its steps; draft = the"
+    " draft's time in its calls (its wait for the target's hidden states included); RPC = call wall"
+    " time less the service's own time; router and client = the rest of the wall time.",
+)
+
+
+def _ratios(rows: list[dict]) -> None:
+    """Adds each ok row's tokens/s over tandem plain's and transformers generate's in its cell."""
+    base = {(r["mode"], r["temperature"], r["batch"]): r for r in rows if r["status"] == "ok"}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        for key, mode in (("ratio_to_tandem_plain", "tandem_plain"), ("ratio_to_transformers", "hf_generate")):
+            b = base.get((mode, r["temperature"], r["batch"]))
+            r[key] = round(r["tokens_per_s"] / b["tokens_per_s"], 4) if b else None
+
+
+def build_report(cfg: SpecBenchConfig, model: Path, prompts: int, modes, rows: list[dict],
+                 duration_s: float, args) -> dict:
+    _ratios(rows)
+    return {
+        "mode": "spec",
+        "command": "tandem " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "tandem bench --mode spec",
+        "model": str(model),
+        "model_name": "tiny random model" if cfg.reduced else model.name,
+        "dtype": cfg.dtype,
+        "prompts": prompts,
+        "max_tokens": cfg.max_tokens,
+        "batches": list(cfg.batches),
+        "seed": cfg.seed,
+        "reduced": cfg.reduced,
+        "settings": {"spec_draft_length": cfg.spec_draft_length, "tree_top_k": cfg.tree_top_k,
+                     "tree_node_budget": cfg.tree_node_budget, "lookup_tokens": cfg.lookup_tokens},
+        "modes": [{"name": m.name, "label": m.label, "how": m.how, "skipped": m.skipped or None} for m in modes],
+        "duration_s": round(duration_s, 1),
+        "machine": machine_facts(cfg.threads),
+        "notes": list(NOTES),
+        "rows": rows,
+    }
+
+
+def write_results(out: Path, report: dict) -> dict[str, Path]:
+    """spec-<stamp>.{json,md}, spec-<stamp>-acceptance.png and -throughput.png, each copied to
+    spec-latest*; --reduced writes spec-reduced-* so that it never replaces a real run's files."""
+    from tandem.bench.plots import plot_acceptance, plot_throughput
+    from tandem.bench.report import markdown_summary
+
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = "spec-reduced-" if report["reduced"] else "spec-"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    written = {
+        "json": out / f"{prefix}{stamp}.json",
+        "markdown": out / f"{prefix}{stamp}.md",
+        "acceptance": out / f"{prefix}{stamp}-acceptance.png",
+        "throughput": out / f"{prefix}{stamp}-throughput.png",
+    }
+    written["json"].write_text(json.dumps(report, indent=2, default=str) + "\n")
+    written["markdown"].write_text(markdown_summary(report))
+    plot_acceptance(report, written["acceptance"])
+    plot_throughput(report, written["throughput"])
+    for path in list(written.values()):
+        shutil.copyfile(path, out / path.name.replace(stamp, "latest"))
+    print(written["markdown"].read_text())
+    print(f"results written to {out}/{prefix}{stamp}.* and {prefix}latest.*")
+    return written

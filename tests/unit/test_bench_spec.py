@@ -1,0 +1,72 @@
+"""The speculation bench's planning and bookkeeping, with fake runners (no services, no model)."""
+
+from tandem.bench.spec import measure_cell
+from tandem.bench.spec_modes import plan_modes, spec_config
+from tandem.bench.spec_report import _ratios
+from tandem.bench.spec_runners import GroupResult, Refused, Tally
+from tandem.cli import build_parser
+
+
+def _config(tmp_path, *flags):
+    args = build_parser().parse_args(["bench", "--mode", "spec", "--out", str(tmp_path), *flags])
+    return spec_config(args)
+
+
+def test_a_missing_head_skips_its_rows_with_the_folder(tmp_path):
+    eagle = tmp_path / "eagle"
+    eagle.mkdir()
+    (eagle / "config.json").write_text("{}")
+    cfg = _config(tmp_path, "--medusa-head", str(tmp_path / "nowhere"))
+    modes = {m.name: m for m in plan_modes(cfg, eagle, cfg.medusa_head)}
+    assert list(modes) == ["hf_generate", "hf_prompt_lookup", "tandem_plain", "eagle_chain", "eagle_tree", "medusa"]
+    assert modes["medusa"].skipped == f"skipped: no head at {tmp_path / 'nowhere'}" and modes["medusa"].stack is None
+    assert not modes["eagle_tree"].skipped and "tree" in modes["eagle_tree"].stack.draft
+    assert modes["tandem_plain"].stack.draft is None and not modes["tandem_plain"].speculative
+
+
+def test_default_heads_are_the_shipped_folders(tmp_path):
+    cfg = _config(tmp_path)
+    assert cfg.eagle_head.name == "eagle-smollm2-135m" and cfg.medusa_head.name == "medusa-smollm2-135m"
+    assert _config(tmp_path, "--reduced").eagle_head is None  # --reduced builds tiny ones
+
+
+class FakeRunner:
+    def __init__(self, result: GroupResult | None):
+        self.result, self.calls = result, 0
+
+    def counters(self):
+        return None
+
+    def run(self, group, temperature, seeds):
+        self.calls += 1
+        if self.result is None:
+            raise Refused("skipped: refuses batches")
+        return self.result
+
+
+def test_cell_rows_skips_and_ratios(tmp_path):
+    cfg = _config(tmp_path, "--medusa-head", str(tmp_path / "nowhere"), "--concurrency", "2")
+    modes = [m for m in plan_modes(cfg, tmp_path / "nowhere", cfg.medusa_head)]
+    runners = {
+        "hf_generate": FakeRunner(GroupResult(16, sequence_forwards=16)),
+        "hf_prompt_lookup": FakeRunner(None),
+        "tandem_plain": FakeRunner(GroupResult(16)),
+    }
+    rows = measure_cell(runners, modes, [[1, 2]] * 4, 0.0, 2, cfg)
+    assert runners["hf_prompt_lookup"].calls == 1  # refused once, not asked again
+    assert runners["tandem_plain"].calls == 2
+    by = {r["mode"]: r for r in rows}
+    assert by["hf_prompt_lookup"] == {**by["hf_prompt_lookup"], "status": "skipped", "reason": "skipped: refuses batches"}
+    assert by["eagle_chain"]["reason"].startswith("skipped: no head at")
+    assert by["tandem_plain"]["completion_tokens"] == 32 and by["tandem_plain"]["mean_accepted_length"] == 1.0
+    _ratios(rows)
+    assert by["tandem_plain"]["ratio_to_tandem_plain"] == 1.0 and "ratio_to_tandem_plain" not in by["medusa"]
+
+
+def test_accepted_length_is_one_plus_the_positions():
+    t = Tally()
+    t.add(GroupResult(7, verify_steps=4, accepted_draft_tokens=3, accepted_by_depth=(2, 1)), 1.0)
+    t.add(GroupResult(5, verify_steps=2, accepted_draft_tokens=3, accepted_by_depth=(2, 1)), 1.0)
+    assert t.mean_accepted_length() == (6 + 6) / 6
+    rates = t.acceptance_by_depth(4)
+    assert rates == [4 / 6, 2 / 6, 0.0, 0.0] and abs(1 + sum(rates) - t.mean_accepted_length()) < 1e-12
