@@ -127,3 +127,28 @@ def test_one_request_is_one_trace_across_router_target_and_draft(tiny_model, tmp
     assert {(line["request_id"], line["trace_id"], line["service"]) for line in finished} == {
         ("trace-1", first, "tandem-router"), ("trace-2", second, "tandem-router")}
     assert {line["service"] for line in lines} >= SERVICES
+
+
+def test_sigterm_flushes_the_spans_still_queued(tiny_model):
+    """With a batch delay far beyond the test, spans leave only by the shutdown flush."""
+    router, target = free_port(), free_port()
+    with OtlpReceiver() as receiver:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="600000")
+        up = subprocess.Popen(
+            [sys.executable, "-m", "tandem.cli", "up", "--model", str(tiny_model), "--draft", "none",
+             "--router-port", str(router), "--target-port", str(target)],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        try:
+            wait_serving(f"127.0.0.1:{router}", up)
+            _generate(f"127.0.0.1:{router}", "flushed", "The quick brown fox")
+            queued = len(receiver.spans())
+        finally:
+            up.send_signal(signal.SIGTERM)
+            code = up.wait(timeout=60)
+        assert code == 0, up.stdout.read()[-3000:]
+        spans = receiver.wait_for(lambda s: _request_span(s, "flushed") is not None, timeout=10)
+    assert queued == 0
+    root = _request_span(spans, "flushed")
+    assert {s.service for s in spans if s.trace_id == root.trace_id} == {"tandem-router", "tandem-target"}
