@@ -59,10 +59,10 @@ def _add_draft_shape_flags(p: argparse.ArgumentParser) -> None:
                    help="Medusa tree: a preset of tandem.spec.token_tree (small_static_tree) or a JSON list of"
                         " rank lists (default: a chain of all heads for --shape chain, small_static_tree for tree)")
 
+
 def _add_metrics_flag(p: argparse.ArgumentParser, default: int) -> None:
     p.add_argument("--metrics-port", type=int, default=_env("metrics_port", default),
                    help=f"Prometheus /metrics over HTTP on this port (default {default}; 0: off)")
-
 
 
 def _add_router_flags(p: argparse.ArgumentParser) -> None:
@@ -89,8 +89,8 @@ def target_config(args, model: Path):
         kv_cache_tokens=args.kv_cache_tokens,
         max_num_sequence=args.max_num_sequence,
         max_context_length=args.max_context_length,
-        metrics_port=args.metrics_port,
         num_threads=args.threads,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -109,8 +109,8 @@ def router_config(args, model: Path):
         spec_draft_length=args.spec_draft_length,
         max_num_sequence=getattr(args, "router_max_num_sequence", 0),
         max_total_sequence_length=args.max_total_sequence_length,
-        metrics_port=args.metrics_port,
         prefix_cache_max_num_recycling_seqs=args.prefix_cache_max_num_recycling_seqs,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -136,8 +136,8 @@ def draft_config(args, model: Path):
         kv_page_size=args.kv_page_size,
         kv_cache_tokens=args.kv_cache_tokens,
         max_num_sequence=args.max_num_sequence,
-        metrics_port=args.metrics_port,
         num_threads=args.threads,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -210,8 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_flags(p)
     p.add_argument("--host", default=_env("target_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("target_port", 50052))
-    p.set_defaults(func=cmd_target)
     _add_metrics_flag(p, 9101)
+    p.set_defaults(func=cmd_target)
 
     p = sub.add_parser("draft", help="the draft service (EAGLE or Medusa heads)")
     _add_model_flags(p)
@@ -222,8 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"), help="target, for the peer stream")
     p.add_argument("--host", default=_env("draft_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("draft_port", 50053))
-    p.set_defaults(func=cmd_draft)
     _add_metrics_flag(p, 9102)
+    p.set_defaults(func=cmd_draft)
 
     p = sub.add_parser("router", help="the router (public API)")
     _add_model_flags(p)
@@ -236,8 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequence budget of a step, k + 1 per speculating sequence (0: the target's)")
     p.add_argument("--host", default=_env("router_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("router_port", 50051))
-    p.set_defaults(func=cmd_router)
     _add_metrics_flag(p, 9100)
+    p.set_defaults(func=cmd_router)
 
     p = sub.add_parser("up", help="target + router (+ draft) as local processes")
     _add_model_flags(p)
@@ -251,10 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=_env("host", "127.0.0.1"))
     p.add_argument("--router-port", type=int, default=_env("router_port", 50051))
     p.add_argument("--target-port", type=int, default=_env("target_port", 50052))
-    p.set_defaults(func=cmd_up)
     for name, default in (("router", 9100), ("target", 9101), ("draft", 9102)):
         p.add_argument(f"--{name}-metrics-port", type=int, default=_env(f"{name}_metrics_port", default),
                        help=f"the {name}'s Prometheus /metrics port (0: off)")
+    p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("generate", help="stream a completion from the router")
     p.add_argument("text")
