@@ -36,15 +36,17 @@ def _request_span(spans: list[ReceivedSpan], request_id: str) -> ReceivedSpan | 
 
 
 def _trace_complete(request_id: str):
-    """The request's trace has spans of all three services, a draft prefill, and every span's
-    parent is in it (spans come from three processes, in any order)."""
+    """The request's trace has a draft prefill, every router call has its server span, and
+    every span's parent is in it (spans come from three processes, in any order)."""
     def done(spans: list[ReceivedSpan]) -> bool:
         root = _request_span(spans, request_id)
         if root is None:
             return False
         trace = [s for s in spans if s.trace_id == root.trace_id]
         ids = {s.span_id for s in trace}
-        return ({s.service for s in trace} == SERVICES and any(s.name == "draft.prefill" for s in trace)
+        calls = {s.span_id for s in trace if s.kind == CLIENT}
+        answered = {s.parent_span_id for s in trace if s.kind == SERVER}
+        return (any(s.name == "draft.prefill" for s in trace) and calls <= answered
                 and all(s.parent_span_id in ids for s in trace if s is not root))
     return done
 
@@ -58,6 +60,7 @@ def _check_trace(spans: list[ReceivedSpan], request_id: str) -> str:
     named = lambda service, name: [s for s in trace if s.service == service and s.name == name]  # noqa: E731
 
     assert root.service == "tandem-router" and root.kind == SERVER and root.parent_span_id == ""
+    assert {s.service for s in trace} == SERVICES
     assert REQUEST_EVENTS <= set(root.events), root.events
     a = root.attributes
     assert a["gen_ai.operation.name"] == "text_completion" and a["gen_ai.request.max_tokens"] == 8

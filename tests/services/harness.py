@@ -82,18 +82,19 @@ class Services:
 
 def start_services(
     model_dir: Path, *, target: dict | None = None, router: dict | None = None, draft_model: Path | None = None,
-    draft_method: str = "eagle", draft: dict | None = None,
+    draft_method: str = "eagle", draft: dict | None = None, tracing: dict | None = None,
 ) -> Services:
     """draft_model: a draft head folder for `draft_method`; `draft` overrides DraftConfig fields
-    (shape, medusa_choices, ...)."""
+    (shape, medusa_choices, ...); `tracing`: "router" / "target" / "draft" -> its Tracing."""
+    tracing = tracing or {}
     tconf = replace(TargetConfig(model_dir=model_dir, port=0, kv_cache_tokens=8192, kv_page_size=8), **(target or {}))
-    target_server, _, target_port, engine, target_metrics = start_target(tconf)
+    target_server, _, target_port, engine, target_metrics = start_target(tconf, tracing=tracing.get("target"))
     draft_server, draft_engine, draft_port, draft_metrics = None, None, 0, None
     if draft_model is not None:
         dconf = DraftConfig(method=draft_method, model_dir=draft_model, target_model_dir=model_dir,
                             target_address=f"127.0.0.1:{target_port}", port=0, kv_cache_tokens=8192, kv_page_size=8)
         dconf = replace(dconf, **(draft or {}))
-        draft_server, _, draft_port, draft_engine, draft_metrics = start_draft(dconf)
+        draft_server, _, draft_port, draft_engine, draft_metrics = start_draft(dconf, tracing.get("draft"))
         router = {"draft_address": f"127.0.0.1:{draft_port}", **(router or {})}
     rconf = replace(
         RouterConfig(model_dir=model_dir, target_address=f"127.0.0.1:{target_port}", port=0, connect_timeout_s=30),
@@ -103,7 +104,7 @@ def start_services(
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     server, router_engine, _, _, router_port, router_metrics = asyncio.run_coroutine_threadsafe(
-        start_router(rconf), loop).result(timeout=60)
+        start_router(rconf, tracing.get("router")), loop).result(timeout=60)
     channel = grpc.insecure_channel(f"127.0.0.1:{router_port}", options=CHANNEL_OPTIONS)
     metrics = [m for m in (router_metrics, draft_metrics, target_metrics) if m is not None]
     return Services(target_port, router_port, target_server, engine, loop, thread, server, router_engine, channel,
