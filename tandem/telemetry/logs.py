@@ -42,9 +42,9 @@ def _current_ids() -> dict[str, str]:
 
 
 def configure_logging(level: str, log_format: str, service: str) -> None:
-    """One stderr handler on the root logger, replacing any (the process's only set-up)."""
+    """One stderr handler on the root logger (as logging.basicConfig: a no-op if it has one)."""
     if log_format not in LOG_FORMATS:
         raise ValueError(f"log format {log_format!r} is not one of {LOG_FORMATS}")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service) if log_format == "json" else logging.Formatter(TEXT_FORMAT))
-    logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.basicConfig(level=level, handlers=[handler])
