@@ -35,7 +35,7 @@ def markdown_summary(report: dict) -> str:
     lines = [
         f"`{report['command']}`: {report['prompts']} MT-bench first turns x {report['max_tokens']} tokens"
         f" ({report['model_name']}, {report['dtype']}); {m['cpu']}, {m['cores']} cores,"
-        f" {m['torch_threads']} torch threads; {m['date']}.",
+        f" {m['torch_threads']} torch threads, load average {report['load_average_1m_before']} before; {m['date']}.",
         "",
         "Tokens/s (ratio to tandem plain and to transformers generate, same temperature and batch):",
         "",

@@ -8,6 +8,7 @@ generates exactly --max-tokens tokens (eos ignored), so every mode does the same
 """
 
 import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -29,6 +30,9 @@ def run_spec_bench(args) -> int:
     from tandem.bench.spec_report import build_report, write_results
 
     cfg = spec_config(args)
+    load = os.getloadavg()[0]  # before anything of ours runs: other work skews every row
+    if load > 0.5:
+        print(f"bench spec: warning: load average {load:.1f} before starting; rows will be skewed", flush=True)
     model = bench_model(args)
     eagle, medusa = _heads(cfg, model)
     prompts = bench_prompts(args, AutoTokenizer.from_pretrained(model))
@@ -36,7 +40,7 @@ def run_spec_bench(args) -> int:
     print(f"bench spec: {len(prompts)} prompts x {cfg.max_tokens} tokens, batches {cfg.batches}, {model}", flush=True)
     started = time.perf_counter()
     rows = measure(cfg, model, prompts, modes)
-    report = build_report(cfg, model, len(prompts), modes, rows, time.perf_counter() - started, args)
+    report = build_report(cfg, model, len(prompts), modes, rows, time.perf_counter() - started, load)
     write_results(cfg.out, report)
     return 0
 
@@ -69,8 +73,8 @@ def measure(cfg: SpecBenchConfig, model: Path, prompts: list[list[int]], modes: 
                 runners[m.name] = HFRunner(generator, m.lookup_tokens)
         for runner in runners.values():  # warm-up: first calls load kernels and caches
             runner.run(prompts[:1], 0.0, [0])
-        return [row for t in TEMPERATURES for b in cfg.batches
-                for row in measure_cell(runners, modes, prompts, t, b, cfg)]
+        batches = sorted({min(b, len(prompts)) for b in cfg.batches})  # as many streams as prompts, at most
+        return [row for t in TEMPERATURES for b in batches for row in measure_cell(runners, modes, prompts, t, b, cfg)]
 
 
 def measure_cell(runners: dict, modes: list[Mode], prompts, temperature: float, batch: int,

@@ -40,17 +40,17 @@ def _ratios(rows: list[dict]) -> None:
 
 
 def build_report(cfg: SpecBenchConfig, model: Path, prompts: int, modes, rows: list[dict],
-                 duration_s: float, args) -> dict:
+                 duration_s: float, load_before: float) -> dict:
     _ratios(rows)
     return {
         "mode": "spec",
         "command": "tandem " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "tandem bench --mode spec",
         "model": str(model),
-        "model_name": "tiny random model" if cfg.reduced else model.name,
+        "model_name": "tiny random model" if cfg.reduced else f"{model.parent.name}/{model.name}",
         "dtype": cfg.dtype,
         "prompts": prompts,
         "max_tokens": cfg.max_tokens,
-        "batches": list(cfg.batches),
+        "batches": sorted({r["batch"] for r in rows}),
         "seed": cfg.seed,
         "reduced": cfg.reduced,
         "settings": {"spec_draft_length": cfg.spec_draft_length, "tree_top_k": cfg.tree_top_k,
@@ -58,6 +58,7 @@ def build_report(cfg: SpecBenchConfig, model: Path, prompts: int, modes, rows: l
         "modes": [{"name": m.name, "label": m.label, "how": m.how, "skipped": m.skipped or None} for m in modes],
         "duration_s": round(duration_s, 1),
         "machine": machine_facts(cfg.threads),
+        "load_average_1m_before": round(load_before, 2),  # above ~0.5: something else was running
         "notes": list(NOTES),
         "rows": rows,
     }
