@@ -20,23 +20,31 @@ def plot_acceptance(report: dict, path: Path) -> None:
     """Per cell, one line per speculative tandem mode: the share of verify steps whose accepted
     drafts reached each draft position."""
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     cells = list(dict.fromkeys(_cell(r) for r in report["rows"]))
-    fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 3.6), sharey=True, squeeze=False)
-    for ax, cell in zip(axes[0], cells):
+    cols = min(2, len(cells))  # batches side by side, a temperature per line
+    rows = -(-len(cells) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.4 * rows + 0.6), sharey=True, squeeze=False)
+    for ax, cell in zip(axes.flat, cells):
         for row in report["rows"]:
             if _cell(row) == cell and row["status"] == "ok" and row.get("acceptance_by_depth"):
                 rates = row["acceptance_by_depth"]
                 ax.plot(range(1, len(rates) + 1), rates, marker="o", label=row["label"])
         ax.set_title(cell)
         ax.set_xlabel("draft position")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("verify steps accepting it")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("verify steps accepting it")
+    for ax in list(axes.flat)[len(cells):]:
+        ax.set_visible(False)
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small")
     fig.suptitle("Acceptance by draft position")
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.tight_layout(rect=(0, 0.6 / (3.4 * rows + 0.6), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
