@@ -112,7 +112,7 @@ def _row(mode: Mode, temperature: float, batch: int, refused: str | None, tally:
     return {
         **row,
         "status": "ok",
-        "seconds": round(tally.seconds, 4),
+        "seconds": round(tally.seconds, 6),
         "completion_tokens": tally.completion_tokens,
         "tokens_per_s": round(tally.completion_tokens / tally.seconds, 4),
         "mean_accepted_length": round(tally.mean_accepted_length(), 4),
