@@ -17,7 +17,7 @@ import grpc
 from tandem.bench.hf import HFGenerator
 from tandem.bench.inputs import bench_model, bench_prompts
 from tandem.bench.services import running_stacks
-from tandem.bench.spec_modes import TEMPERATURES, Mode, SpecBenchConfig, plan_modes, spec_config
+from tandem.bench.spec_modes import Mode, SpecBenchConfig, plan_modes, spec_config
 from tandem.bench.spec_runners import HFRunner, Refused, Tally, TandemRunner, timed
 from tandem.bench.streams import time_split
 from tandem.grpc_server import CHANNEL_OPTIONS
@@ -74,7 +74,7 @@ def measure(cfg: SpecBenchConfig, model: Path, prompts: list[list[int]], modes: 
         for runner in runners.values():  # warm-up: first calls load kernels and caches
             runner.run(prompts[:1], 0.0, [0])
         batches = sorted({min(b, len(prompts)) for b in cfg.batches})  # as many streams as prompts, at most
-        return [row for t in TEMPERATURES for b in batches for row in measure_cell(runners, modes, prompts, t, b, cfg)]
+        return [row for t in cfg.temperatures for b in batches for row in measure_cell(runners, modes, prompts, t, b, cfg)]
 
 
 def measure_cell(runners: dict, modes: list[Mode], prompts, temperature: float, batch: int,

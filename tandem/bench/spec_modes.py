@@ -20,6 +20,12 @@ def add_spec_flags(p) -> None:
     p.add_argument("--lookup-tokens", type=int, default=10,
                    help="transformers' prompt_lookup_num_tokens (the value its documentation uses)")
     p.add_argument("--seed", type=int, default=0, help="temperature 1: request i draws with seed + i")
+    p.add_argument("--temperatures", type=_floats, default=TEMPERATURES,
+                   help="comma-separated sampling temperatures, one cell each (default 0,1)")
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(t) for t in text.split(",") if t.strip())
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +35,7 @@ class SpecBenchConfig:
     concurrency: int
     threads: int
     seed: int
+    temperatures: tuple[float, ...]
     eagle_head: Path | None  # None: build a tiny random one (--reduced)
     medusa_head: Path | None
     spec_draft_length: int
@@ -50,7 +57,7 @@ def spec_config(args) -> SpecBenchConfig:
 
     return SpecBenchConfig(
         dtype=args.dtype, max_tokens=args.max_tokens, concurrency=args.concurrency, threads=args.threads,
-        seed=args.seed, eagle_head=head(args.eagle_head, DEFAULT_EAGLE_HEAD),
+        seed=args.seed, temperatures=tuple(args.temperatures), eagle_head=head(args.eagle_head, DEFAULT_EAGLE_HEAD),
         medusa_head=head(args.medusa_head, DEFAULT_MEDUSA_HEAD), spec_draft_length=args.spec_draft_length,
         tree_top_k=args.tree_top_k, tree_node_budget=args.tree_node_budget, lookup_tokens=args.lookup_tokens,
         out=Path(args.out), reduced=args.reduced,
