@@ -184,6 +184,8 @@ class DraftEngine:
     def _prefill_span(self, target_step: int, draft_span: Span, ready: dict) -> Span:
         """The prefill on the target's hidden states: the child of the target's span of the
         step that sent them (over the peer stream), linked to this Draft call's span."""
+        if not self.tracing.enabled:
+            return INVALID_SPAN  # no look-up under the peer's lock on every prefill
         span = span_continuing(self.tracing, "draft.prefill", self.peer.trace_context(target_step), draft_span)
         if span.is_recording():
             span.set_attributes({"tandem.target_step_id": target_step, "tandem.seq_ids": list(ready),

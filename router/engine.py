@@ -175,9 +175,10 @@ class RouterEngine:
         except grpc.aio.AioRpcError as e:
             raise _as_error(e) from e
         result = codec.step_result_from_pb(response)
+        seconds = time.perf_counter() - started
         self.counters.steps_total += 1
-        self.counters.step_ms_total += (time.perf_counter() - started) * 1e3
-        self.figures.on_step(time.perf_counter() - started, plan.entries)
+        self.counters.step_ms_total += seconds * 1e3
+        self.figures.on_step(seconds, plan.entries)
         self.counters.target_compute_ms_total += result.compute_ms
         self._last_step = request.step_id
         return result

@@ -42,6 +42,10 @@ class RouterFigures:
         self._arrived[request] = _now(now)
 
     def on_step(self, seconds: float, entries: tuple[StepEntry, ...]) -> None:
+        """A target step's wall time; a step of sequence ops only (no entries) neither prefilled
+        nor decoded and is not observed."""
+        if not entries:
+            return
         prefill = any(e.kind is EntryKind.PREFILL for e in entries)
         (self.prefill_step if prefill else self.decode_step).observe(seconds)
 

@@ -1,6 +1,7 @@
 """The public Generation servicer: protobuf in, router engine, protobuf out."""
 
 import asyncio
+import contextlib
 
 from router import convert, figures
 from router.engine import RouterEngine
@@ -17,9 +18,13 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def Generate(self, request, context):
         operation = "chat" if request.messages else "text_completion"
         span = self.engine.tracing.start_request(context.invocation_metadata(), operation)
+        # aclosing: if this generator is closed rather than cancelled (the client gone while a
+        # response was being sent), the inner one must run its finally (cancel the request, which
+        # records its outcome on the span) before the span ends, not whenever it is collected.
         with ending(span):
-            async for response in self._generate(request, span):
-                yield response
+            async with contextlib.aclosing(self._generate(request, span)) as responses:
+                async for response in responses:
+                    yield response
 
     async def _generate(self, request, span):
         engine = self.engine

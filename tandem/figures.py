@@ -5,6 +5,8 @@ a recent window, and what a model engine did per step. Pure: no gRPC, no HTTP.
 The owner records from its own thread; a scrape may snapshot from another, hence the locks.
 """
 
+import bisect
+import math
 import threading
 import time
 from collections import deque
@@ -70,7 +72,7 @@ class Histogram:
 
     def observe(self, value: float, times: int = 1) -> None:
         """`times` observations of `value` (a step that emitted n tokens: n gaps of dt / n)."""
-        i = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
+        i = bisect.bisect_left(self.bounds, value)  # the first bound >= value (le is inclusive)
         with self._lock:
             self._counts[i] += times
             self._sum += value * times
@@ -81,17 +83,23 @@ class Histogram:
 
 
 class RecentRate:
-    """Events per second over the last `window_s` seconds (or since `started`, if sooner)."""
+    """Events per second over the last `window_s` seconds (or since `started`, if sooner).
+    Events are kept summed per whole second: the router adds one per sequence per step, which
+    would otherwise keep (and sum at each scrape) a minute of entries at any batch size."""
 
     def __init__(self, started: float, window_s: float = RATE_WINDOW_S):
         self.started = started
         self.window_s = window_s
-        self._events: deque[tuple[float, int]] = deque()
+        self._events: deque[list] = deque()  # [second, events in it], seconds ascending
         self._lock = threading.Lock()
 
     def add(self, n: int, now: float) -> None:
+        second = math.floor(now)
         with self._lock:
-            self._events.append((now, n))
+            if self._events and self._events[-1][0] == second:
+                self._events[-1][1] += n
+            else:
+                self._events.append([second, n])
             self._trim(now)
 
     def rate(self, now: float) -> float:

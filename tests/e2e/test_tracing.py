@@ -18,6 +18,8 @@ from tests.e2e.test_up import wait_serving
 
 SERVER, CLIENT = 2, 3  # opentelemetry.proto.trace.v1.Span.SpanKind
 SERVICES = {"tandem-router", "tandem-target", "tandem-draft"}
+# `tandem up` would otherwise bind the fixed ports 9100-9102 (node_exporter's 9100, another run's).
+NO_METRICS = ("--router-metrics-port", "0", "--target-metrics-port", "0", "--draft-metrics-port", "0")
 REQUEST_EVENTS = {"add request", "start tokenize", "finish tokenize", "start prefill", "finish prefill",
                   "first token", "finish"}
 
@@ -106,7 +108,7 @@ def test_one_request_is_one_trace_across_router_target_and_draft(tiny_model, tmp
         up = subprocess.Popen(
             [sys.executable, "-m", "tandem.cli", "--log-format", "json", "up", "--model", str(tiny_model),
              "--draft", "eagle", "--draft-model", str(head), "--router-port", str(router), "--target-port", str(target),
-             "--draft-port", str(draft), "--spec-draft-length", "3"],
+             "--draft-port", str(draft), "--spec-draft-length", "3", *NO_METRICS],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         try:
@@ -140,7 +142,7 @@ def test_sigterm_flushes_the_spans_still_queued(tiny_model):
         env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_BSP_SCHEDULE_DELAY="600000")
         up = subprocess.Popen(
             [sys.executable, "-m", "tandem.cli", "up", "--model", str(tiny_model), "--draft", "none",
-             "--router-port", str(router), "--target-port", str(target)],
+             "--router-port", str(router), "--target-port", str(target), *NO_METRICS],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         try:

@@ -53,6 +53,16 @@ def test_recent_rate_forgets_old_events():
     assert r.rate(now=15.0) == pytest.approx(3.0)  # 30 over the 10 s window
 
 
+def test_recent_rate_sums_events_of_one_second_together():
+    r = RecentRate(started=0.0, window_s=10.0)
+    for i in range(1000):  # a batch of sequences, many steps a second
+        r.add(1, now=5.0 + i / 2000)
+    r.add(7, now=6.2)
+    assert len(r._events) == 2
+    assert r.rate(now=10.0) == pytest.approx(1007 / 10.0)
+    assert r.rate(now=15.5) == pytest.approx(7 / 10.0)  # the second at 5 s has left the window
+
+
 def test_engine_figures_count_tokens_by_kind():
     f = EngineFigures(started=0.0)
     prefill = StepEntry(1, EntryKind.PREFILL, (1, 2, 3, 4, 5), True)
@@ -107,4 +117,5 @@ def test_router_figures_step_phases():
     f = RouterFigures(started=0.0)
     f.on_step(0.3, (StepEntry(1, EntryKind.PREFILL, (1, 2), True), StepEntry(2, EntryKind.DECODE, (3,), True)))
     f.on_step(0.1, (StepEntry(2, EntryKind.DECODE, (4,), True),))
+    f.on_step(0.001, ())  # sequence ops only (removes after a request): neither kind of step
     assert f.prefill_step.snapshot().count == 1 and f.decode_step.snapshot().count == 1
