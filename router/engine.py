@@ -88,8 +88,10 @@ class RouterEngine:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def submit(self, spec: GenerationSpec, span: Span = INVALID_SPAN) -> Request:
-        """`span`: the request's span (router.tracing), ended by the caller."""
+    def submit(self, spec: GenerationSpec, span: Span = INVALID_SPAN, arrived: float | None = None) -> Request:
+        """`span`: the request's span (router.tracing), ended by the caller. `arrived`: when the
+        request reached the router (time.monotonic(), before tokenizing; default now), from
+        which its time to first token and duration count."""
         request = new_request(spec, self.scheduler.new_seq_id)
         self.scheduler.enqueue(request)  # raises ResourceExhausted before anything is kept
         self.tracing.added(request, span)
@@ -97,7 +99,7 @@ class RouterEngine:
             seq.output = OutputProcessor(seq, self.tokenizer.hf)
         self._requests.append(request)
         self.counters.requests_total += 1
-        self.figures.on_submit(request)
+        self.figures.on_submit(request, arrived)
         self.counters.prompt_tokens_total += len(spec.prompt_ids)
         self._wake.set()
         return request
@@ -120,8 +122,8 @@ class RouterEngine:
             self._requests.remove(request)
             self.counters.completion_tokens_total += sum(len(s.output_ids) for s in request.choices)
             self.counters.cached_prompt_tokens_total += request.cached_prompt_tokens
-            self.figures.on_finished(request)
-            self.tracing.finished(request)
+            reason = self.figures.on_finished(request)
+            self.tracing.finished(request, reason)
         self._wake.set()
 
     async def _loop(self) -> None:
@@ -224,10 +226,15 @@ class RouterEngine:
         log.error("step failed: %s; failing %d running requests", error, len(self._running_requests()))
         self.counters.step_errors_total += 1
         for request in self._running_requests():
-            request.queue.put_nowait(error)
-            self.figures.mark_failed(request)
-            self.cancel(request)
+            self._fail(request, error)
         self.scheduler.reset()
+
+    def _fail(self, request: Request, error: TandemError) -> None:
+        """Ends `request` with `error` (its client gets it as the stream's status)."""
+        request.queue.put_nowait(error)
+        self.figures.mark_failed(request)
+        self.tracing.failed(request, error)
+        self.cancel(request)
 
     def _running_requests(self) -> list[Request]:
         return [r for r in self._requests if any(s.live for s in (r.parent, *r.choices) if s is not None)]
@@ -243,9 +250,7 @@ class RouterEngine:
                 log.warning("target reset failed: %s; retrying", e.details())
                 error = Unavailable(f"target service unavailable: {e.details()}")
                 for request in list(self._requests):
-                    request.queue.put_nowait(error)
-                    self.figures.mark_failed(request)
-                    self.cancel(request)
+                    self._fail(request, error)
                 self.scheduler.reset()
                 await asyncio.sleep(RESET_RETRY_S)
 

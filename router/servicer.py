@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import time
 
 from router import convert, figures
 from router.engine import RouterEngine
@@ -27,6 +28,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                     yield response
 
     async def _generate(self, request, span):
+        arrived = time.monotonic()  # TTFT and duration count tokenizing (router.figures' clock)
         engine = self.engine
         span.add_event("start tokenize")
         spec = convert.spec_from_pb(
@@ -37,7 +39,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             default_max_tokens=engine.config.default_max_tokens,
         )
         span.add_event("finish tokenize")
-        request = engine.submit(spec, span)
+        request = engine.submit(spec, span, arrived)
         want_logprobs = spec.sampler.logprobs
         try:
             while True:

@@ -2,7 +2,8 @@
 
 Per request, a SERVER span `generate` (the child of the client's span when its metadata carries
 a traceparent) with OpenTelemetry GenAI attributes and MLC-LLM's trace points as events: add
-request, start/finish tokenize, start/finish prefill, first token, finish or cancelled.
+request, start/finish tokenize, start/finish prefill, first token, then finish, cancelled (the
+client went away) or error (a failed step, a target that is down: the span's status is ERROR).
 
 Per engine step, a span `step` with CLIENT children `draft` (the Draft call) and `target.step`
 (the target's Step call), whose trace context travels in the gRPC metadata; its events are
@@ -22,7 +23,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from opentelemetry import trace
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 from router.request import Request
 from router.scheduler import StepPlan
@@ -39,6 +40,7 @@ class _RequestTrace:
     prefill_started: bool = False
     prefill_finished: bool = False
     first_token: bool = False
+    error: str = ""  # why the request failed, if it did
 
 
 class StepTrace:
@@ -127,11 +129,18 @@ class RouterTracing:
         span.set_attributes(_request_attributes(request))
         span.add_event("add request")
 
-    def finished(self, request: Request) -> None:
-        """The request left the engine (finished, cancelled or failed)."""
+    def failed(self, request: Request, error: Exception) -> None:
+        """The request ends with `error`; finished() follows and records it on the span."""
+        state = self._requests.get(request)
+        if state:
+            state.error = f"{type(error).__name__}: {error}"
+
+    def finished(self, request: Request, reason: str) -> None:
+        """The request left the engine; `reason`: the one the figures counted it under (stop,
+        length, cancelled or error)."""
         state = self._requests.pop(request, None)
         span = state.span if state else INVALID_SPAN
-        reasons = [s.finish_reason.value if s.finish_reason else "" for s in request.choices]
+        reasons = _choice_reasons(request, failed=reason == "error")
         output = sum(len(s.output_ids) for s in request.choices)
         log.info("request finished: %d prompt + %d completion tokens, finish %s", len(request.spec.prompt_ids),
                  output, ",".join(reasons), extra={"request_id": request.spec.request_id, **ids(span)})
@@ -145,7 +154,11 @@ class RouterTracing:
             "tandem.draft_tokens": sum(s.draft_tokens for s in request.choices),
             "tandem.accepted_draft_tokens": sum(s.accepted_draft_tokens for s in request.choices),
         })
-        span.add_event("cancelled" if "cancelled" in reasons else "finish")
+        if reason == "error":
+            span.add_event("error", {"message": state.error or "failed"})
+            span.set_status(Status(StatusCode.ERROR, state.error or "failed"))
+        else:
+            span.add_event("cancelled" if "cancelled" in reasons else "finish")
 
     def step(self, plan: StepPlan):
         """A context manager yielding the step's StepTrace (NO_STEP when no traced request is in
@@ -179,6 +192,15 @@ class RouterTracing:
                 state.span.add_event("start prefill")
         with ending(span):
             yield StepTrace(self.tracing.tracer, span, served)
+
+
+def _choice_reasons(request: Request, failed: bool) -> list[str]:
+    """Each choice's finish reason; a failed request's unfinished choices (cancelled when it
+    was failed) end with "error"."""
+    reasons = [s.finish_reason.value if s.finish_reason else "" for s in request.choices]
+    if failed:
+        reasons = ["error" if r in ("cancelled", "") else r for r in reasons]
+    return reasons
 
 
 def _request_attributes(request: Request) -> dict:

@@ -1,5 +1,5 @@
-"""Spans of requests that share steps, and of a cancelled request, through real services in
-this process (each with its own tracer provider and an in-memory exporter)."""
+"""Spans of requests that share steps, of a cancelled request and of a failed one, through real
+services in this process (each with its own tracer provider and an in-memory exporter)."""
 
 import time
 
@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tandem.errors import TandemError
 from tandem.telemetry.tracing import Tracing
 from tandem.v1 import generate_pb2
 from tests.services.harness import start_services
@@ -89,3 +90,33 @@ def test_a_cancelled_request_ends_its_span_with_a_cancelled_event(traced):
     assert "cancelled" in events and "finish" not in events
     assert span.attributes["gen_ai.response.finish_reasons"] == ("cancelled",)
     assert span.status.is_ok  # the client going away is no error of the server's
+
+
+def test_a_failed_request_ends_its_span_with_an_error_event(traced):
+    services, exporters = traced
+    target = services.target_engine
+    step = target.step
+
+    def failing_step(request, *args, **kwargs):
+        if not request.entries:
+            return step(request, *args, **kwargs)
+        target.step = step  # once
+        raise TandemError("injected step failure")
+
+    call = services.stub.Generate(_request("failed", 200), timeout=60)
+    next(call)
+    target.step = failing_step
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            list(call)
+    finally:
+        target.step = step
+    assert "injected step failure" in info.value.details()
+    span = _generate_span(exporters["router"], "failed")
+    events = {e.name: e for e in span.events}
+    assert "error" in events and "cancelled" not in events and "finish" not in events
+    assert "injected step failure" in events["error"].attributes["message"]
+    assert span.attributes["gen_ai.response.finish_reasons"] == ("error",)
+    assert not span.status.is_ok
+    # the services still serve
+    assert list(services.stub.Generate(_request("after", 4), timeout=60))
