@@ -93,7 +93,8 @@ class DraftEngine:
             span.add_event("finish draft")
             self._steps += 1
             seconds = time.perf_counter() - started
-            self.figures.record_step(seconds, proposed=sum(len(t) for t in tokens.values()))
+            if request.seqs:  # a call of sequence ops only drafts nothing: not a step's time
+                self.figures.record_step(seconds, proposed=sum(len(t) for t in tokens.values()))
             return DraftResult(request.draft_step_id, tokens, seconds * 1e3, parents)
 
     def _apply(self, op) -> None:

@@ -87,12 +87,19 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
+STEP_DURATION_HELP = {
+    "target": "Time in the engine of one step that runs the model (its sequence ops included).",
+    "draft": "Time in the engine of one draft call that drafts: its wait for the target's hidden "
+             "states, its sequence ops and the drafting.",
+}
+
+
 def engine_families(role: str, stats: EngineStats, step: HistogramSnapshot) -> list[Metric]:
     """A model service's metrics (role: target or draft), named tandem_<role>_*."""
     p = f"tandem_{role}"
     families = [
         counter(f"{p}_steps_total", f"{role.capitalize()} steps run.", stats.steps_total),
-        histogram(f"{p}_step_duration_seconds", "Compute time of one step, as the engine measured it.", step),
+        histogram(f"{p}_step_duration_seconds", STEP_DURATION_HELP[role], step),
         gauge(f"{p}_kv_pages_used", "KV cache pages in use.", stats.kv_pages_total - stats.kv_pages_free),
         gauge(f"{p}_kv_pages_total", "KV cache pages in all (0: no KV cache).", stats.kv_pages_total),
         gauge(f"{p}_sequences", "Sequences the service holds for the router.", stats.sequences_live),

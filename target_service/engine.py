@@ -131,7 +131,8 @@ class TargetEngine:
             self._steps += 1
             self.last_step_id = request.step_id
             seconds = time.perf_counter() - started
-            self.figures.record_step(seconds, request.entries)
+            if request.entries:  # a step of sequence ops only runs no model: not a step's time
+                self.figures.record_step(seconds, request.entries)
             return StepResult(
                 step_id=request.step_id,
                 results=results,

@@ -158,9 +158,11 @@ def test_stats_rpcs_report_the_same_figures(served):
     scraped = scrape(ports["target"])
     assert target.steps_total == value(scraped, "tandem_target_steps_total")
     assert target.step_seconds.count == value(scraped, "tandem_target_step_duration_seconds_count")
+    assert target.step_seconds.count < target.steps_total  # wait_idle's removes: an ops-only step, no model run
     assert target.prefill_tokens_total == value(scraped, "tandem_target_prefill_tokens_total")
     assert target.verified_draft_tokens_total == value(scraped, "tandem_target_verified_draft_tokens_total")
     draft = engine_stats(s.draft_port, engine_pb2_grpc.DraftEngineStub)
     scraped = scrape(ports["draft"])
     assert draft.steps_total == value(scraped, "tandem_draft_steps_total")
+    assert draft.step_seconds.count == value(scraped, "tandem_draft_step_duration_seconds_count") < draft.steps_total
     assert draft.proposed_draft_tokens_total == value(scraped, "tandem_draft_proposed_tokens_total") > 0
