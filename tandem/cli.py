@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target_flags(p)
     p.add_argument("--host", default=_env("target_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("target_port", 50052))
-    _add_metrics_flag(p, 9101)
+    _add_metrics_flag(p, 9401)
     p.set_defaults(func=cmd_target)
 
     p = sub.add_parser("draft", help="the draft service (EAGLE or Medusa heads)")
@@ -222,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"), help="target, for the peer stream")
     p.add_argument("--host", default=_env("draft_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("draft_port", 50053))
-    _add_metrics_flag(p, 9102)
+    _add_metrics_flag(p, 9402)
     p.set_defaults(func=cmd_draft)
 
     p = sub.add_parser("router", help="the router (public API)")
@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequence budget of a step, k + 1 per speculating sequence (0: the target's)")
     p.add_argument("--host", default=_env("router_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("router_port", 50051))
-    _add_metrics_flag(p, 9100)
+    _add_metrics_flag(p, 9400)
     p.set_defaults(func=cmd_router)
 
     p = sub.add_parser("up", help="target + router (+ draft) as local processes")
@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=_env("host", "127.0.0.1"))
     p.add_argument("--router-port", type=int, default=_env("router_port", 50051))
     p.add_argument("--target-port", type=int, default=_env("target_port", 50052))
-    for name, default in (("router", 9100), ("target", 9101), ("draft", 9102)):
+    for name, default in (("router", 9400), ("target", 9401), ("draft", 9402)):
         p.add_argument(f"--{name}-metrics-port", type=int, default=_env(f"{name}_metrics_port", default),
                        help=f"the {name}'s Prometheus /metrics port (0: off)")
     p.set_defaults(func=cmd_up)

@@ -18,7 +18,7 @@ from tests.e2e.test_up import wait_serving
 
 SERVER, CLIENT = 2, 3  # opentelemetry.proto.trace.v1.Span.SpanKind
 SERVICES = {"tandem-router", "tandem-target", "tandem-draft"}
-# `tandem up` would otherwise bind the fixed ports 9100-9102 (node_exporter's 9100, another run's).
+# `tandem up` would otherwise bind the fixed ports 9400-9402 (another run's).
 NO_METRICS = ("--router-metrics-port", "0", "--target-metrics-port", "0", "--draft-metrics-port", "0")
 REQUEST_EVENTS = {"add request", "start tokenize", "finish tokenize", "start prefill", "finish prefill",
                   "first token", "finish"}

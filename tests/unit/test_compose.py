@@ -71,7 +71,7 @@ def test_start_order_follows_health(config):
 def test_configuration_reaches_what_the_services_read(config):
     """Compose passes settings by environment: the names the CLI reads (TANDEM_*) and OTEL_*."""
     services = config["services"]
-    ports = {"router": "9100", "target": "9101", "draft": "9102"}
+    ports = {"router": "9400", "target": "9401", "draft": "9402"}
     for name in TANDEM_SERVICES:
         env = services[name]["environment"]
         assert env["TANDEM_METRICS_PORT"] == ports[name]
