@@ -197,14 +197,22 @@ def cmd_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from draft_service.methods import DRAFT_METHODS
-
     parser = argparse.ArgumentParser(prog="tandem", description="speculative-decoding LLM server")
     parser.add_argument("--log-level", default=_env("log_level", "INFO"))
     parser.add_argument("--log-format", default=_env("log_format", "text"), choices=["text", "json"],
                         help="text, or JSON lines with service, request and trace ids")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_target_parser, _draft_parser, _router_parser, _up_parser, _generate_parser, _health_parser,
+                _models_parser, _bench_parser, _train_parser):
+        add(sub)
+    return parser
 
+
+# One function per subcommand. Flag modules that the services' commands never use (bench,
+# train-draft) import no torch at import time: `tandem health` runs every few seconds.
+
+
+def _target_parser(sub) -> None:
     p = sub.add_parser("target", help="the target (base model) service")
     _add_model_flags(p)
     _add_target_flags(p)
@@ -212,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=_env("target_port", 50052))
     _add_metrics_flag(p, 9401)
     p.set_defaults(func=cmd_target)
+
+
+def _draft_parser(sub) -> None:
+    from draft_service.methods import DRAFT_METHODS
 
     p = sub.add_parser("draft", help="the draft service (EAGLE or Medusa heads)")
     _add_model_flags(p)
@@ -225,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_metrics_flag(p, 9402)
     p.set_defaults(func=cmd_draft)
 
+
+def _router_parser(sub) -> None:
     p = sub.add_parser("router", help="the router (public API)")
     _add_model_flags(p)
     _add_router_flags(p)
@@ -238,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=_env("router_port", 50051))
     _add_metrics_flag(p, 9400)
     p.set_defaults(func=cmd_router)
+
+
+def _up_parser(sub) -> None:
+    from draft_service.methods import DRAFT_METHODS
 
     p = sub.add_parser("up", help="target + router (+ draft) as local processes")
     _add_model_flags(p)
@@ -256,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"the {name}'s Prometheus /metrics port (0: off)")
     p.set_defaults(func=cmd_up)
 
+
+def _generate_parser(sub) -> None:
     p = sub.add_parser("generate", help="stream a completion from the router")
     p.add_argument("text")
     p.add_argument("--address", default=_env("address", "127.0.0.1:50051"))
@@ -268,28 +288,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", default=[])
     p.set_defaults(func=cmd_generate)
 
+
+def _health_parser(sub) -> None:
     p = sub.add_parser("health", help="exit 0 when the service at ADDR is SERVING")
     p.add_argument("address")
     p.add_argument("--service", default="")
     p.add_argument("--timeout", type=float, default=3.0)
     p.set_defaults(func=cmd_health)
 
+
+def _models_parser(sub) -> None:
     p = sub.add_parser("models", help="model management")
     p.add_argument("action", choices=["fetch"])
     p.set_defaults(func=cmd_models)
 
+
+def _bench_parser(sub) -> None:
     from tandem.bench.plain import add_bench_flags
 
     p = sub.add_parser("bench", help="benchmarks (results in bench/results/)")
     add_bench_flags(p)
     p.set_defaults(func=cmd_bench)
 
+
+def _train_parser(sub) -> None:
     from tandem.train.cli_args import add_train_flags, cmd_train_draft
 
     p = sub.add_parser("train-draft", help="train an EAGLE or Medusa draft head by self-distillation on ShareGPT")
     add_train_flags(p)
     p.set_defaults(func=cmd_train_draft)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from tandem.train.config import METHODS, SCHEDULES, TrainConfig
-from tandem.train.selfdistill import DataSpec, default_data_dir
+from tandem.train.config import METHODS, SCHEDULES, TrainConfig  # light: torch comes with the command
 
 FULL = {"num_prompts": 1920, "max_prompt_tokens": 256, "max_new_tokens": 256, "shard_prompts": 96, "gen_batch": 48,
         "feature_batch_tokens": 8192, "steps": 2000, "batch_size": 16, "warmup_steps": 100, "checkpoint_every": 200,
@@ -84,6 +83,7 @@ def _pick(args, name: str, mode: dict, fallback=None):
 def config_from_args(args) -> tuple[TrainConfig, Path]:
     """(the sitting's config, $TANDEM_HOME)."""
     from tandem.models.fetch import tandem_home
+    from tandem.train.selfdistill import DataSpec, default_data_dir
 
     home, mode = tandem_home(), QUICK if args.quick else FULL
     name = f"quick-{args.method}" if args.quick else f"{args.method}-default"

@@ -1,9 +1,13 @@
 """The configuration of one `tandem train-draft` sitting, built once by the CLI."""
 
+from __future__ import annotations  # DataSpec's module imports torch: not for `tandem --help`
+
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tandem.train.selfdistill import DataSpec, spec_dict
+if TYPE_CHECKING:
+    from tandem.train.selfdistill import DataSpec
 
 METHODS = ("eagle", "medusa")
 SCHEDULES = ("cosine", "linear")
@@ -52,6 +56,8 @@ class TrainConfig:
         assert self.steps >= 0 and self.batch_size > 0 and self.ttt_steps >= 1
 
     def to_dict(self) -> dict:
+        from tandem.train.selfdistill import spec_dict
+
         out = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
         out["data"] = spec_dict(self.data)
         return out

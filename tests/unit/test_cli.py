@@ -1,0 +1,26 @@
+"""The `tandem` parser: building it (every subcommand's flags) imports no torch or
+transformers, so `tandem health`, which compose's healthchecks run every few seconds, is fast."""
+
+import subprocess
+import sys
+
+from tandem.cli import build_parser
+
+PROBE = "import sys, tandem.cli; tandem.cli.build_parser(); print(sorted({'torch', 'transformers'} & set(sys.modules)))"
+
+
+def test_building_the_parser_imports_no_torch():
+    result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_metrics_ports_default_to_9400_9402(monkeypatch):
+    for name in ("METRICS_PORT", "ROUTER_METRICS_PORT", "TARGET_METRICS_PORT", "DRAFT_METRICS_PORT"):
+        monkeypatch.delenv(f"TANDEM_{name}", raising=False)
+    parser = build_parser()
+    assert parser.parse_args(["router"]).metrics_port == 9400
+    assert parser.parse_args(["target"]).metrics_port == 9401
+    assert parser.parse_args(["draft"]).metrics_port == 9402
+    up = parser.parse_args(["up"])
+    assert (up.router_metrics_port, up.target_metrics_port, up.draft_metrics_port) == (9400, 9401, 9402)
