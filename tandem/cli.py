@@ -44,8 +44,9 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=_env("threads", 0), help="torch threads (0: default)")
 
 
-def _add_spec_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spec-draft-length", type=int, default=_env("spec_draft_length", 4), help="draft tokens per step (k)")
+def _add_spec_flags(p: argparse.ArgumentParser, default: int | None = 4, help: str = "") -> None:
+    p.add_argument("--spec-draft-length", type=int, default=_env("spec_draft_length", default),
+                   help=help or "draft tokens per step (k)")
 
 
 def _add_draft_shape_flags(p: argparse.ArgumentParser) -> None:
@@ -163,9 +164,9 @@ def cmd_router(args) -> int:
 
 
 def cmd_up(args) -> int:
-    from tandem.launcher import run_up
+    from tandem.launcher import resolve_up_draft, run_up
 
-    return run_up(args, resolve_model(args))
+    return run_up(resolve_up_draft(args), resolve_model(args))
 
 
 def cmd_models(args) -> int:
@@ -261,10 +262,13 @@ def _up_parser(sub) -> None:
     _add_model_flags(p)
     _add_target_flags(p)
     _add_router_flags(p)
-    _add_spec_flags(p)
-    p.add_argument("--draft", default=_env("draft", "none"), choices=["none", *sorted(DRAFT_METHODS)], help="draft method")
+    _add_spec_flags(p, default=None, help="draft tokens per step (k; default: 1 on CPU, 4 on GPUs,"
+                                          " tandem.models.heads says why)")
+    p.add_argument("--draft", default=_env("draft", "auto"), choices=["auto", "none", *sorted(DRAFT_METHODS)],
+                   help="draft method (auto: the shipped EAGLE head for the default model, else none)")
     _add_draft_shape_flags(p)
-    p.add_argument("--draft-model", default=_env("draft_model", None), help="draft head checkpoint folder")
+    p.add_argument("--draft-model", default=_env("draft_model", None),
+                   help="draft head checkpoint folder (--draft auto: heads/eagle-smollm2-135m)")
     p.add_argument("--draft-port", type=int, default=_env("draft_port", 50053))
     p.add_argument("--host", default=_env("host", "127.0.0.1"))
     p.add_argument("--router-port", type=int, default=_env("router_port", 50051))

@@ -1,5 +1,6 @@
 """`tandem up`: the services as local processes, stopped together on Ctrl-C or SIGTERM."""
 
+import argparse
 import signal
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import time
 from pathlib import Path
 
 from tandem.client import health
+from tandem.models.heads import default_draft, default_draft_length
 
 READY_TIMEOUT_S = 300.0
 
@@ -24,6 +26,16 @@ def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = R
             return
         time.sleep(0.5)
     raise RuntimeError(f"{address} not SERVING after {timeout:.0f} s")
+
+
+def resolve_up_draft(args) -> argparse.Namespace:
+    """--draft auto and an unset --spec-draft-length made concrete (tandem.models.heads)."""
+    draft, head = args.draft, args.draft_model
+    if draft == "auto":
+        draft, auto_head = default_draft(model_given=args.model is not None)
+        head = head or auto_head
+    k = args.spec_draft_length if args.spec_draft_length is not None else default_draft_length(args.device)
+    return argparse.Namespace(**{**vars(args), "draft": draft, "draft_model": head, "spec_draft_length": k})
 
 
 def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | None]:
@@ -88,7 +100,8 @@ def run_up(args, model: Path) -> int:
             wait_healthy(f"{args.host}:{args.draft_port}", procs)
         procs.append(_spawn(router_args, args.log_level, args.log_format))
         wait_healthy(f"{args.host}:{args.router_port}", procs)
-        print(f"tandem up: router on {args.host}:{args.router_port} (draft: {args.draft})", flush=True)
+        drafting = f"{args.draft} {args.draft_model}, k = {args.spec_draft_length}" if draft_args else "none"
+        print(f"tandem up: router on {args.host}:{args.router_port} (draft: {drafting})", flush=True)
         while not stopping and all(p.poll() is None for p in procs):
             time.sleep(0.2)
     finally:

@@ -4,10 +4,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.bench.services import StackSpec
-
-HEADS = Path(__file__).resolve().parents[2] / "heads"
-DEFAULT_EAGLE_HEAD = HEADS / "eagle-smollm2-135m"
-DEFAULT_MEDUSA_HEAD = HEADS / "medusa-smollm2-135m"
+from tandem.models.heads import EAGLE_HEAD as DEFAULT_EAGLE_HEAD
+from tandem.models.heads import MEDUSA_HEAD as DEFAULT_MEDUSA_HEAD
 TEMPERATURES = (0.0, 1.0)
 
 

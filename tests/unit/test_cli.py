@@ -24,3 +24,28 @@ def test_metrics_ports_default_to_9400_9402(monkeypatch):
     assert parser.parse_args(["draft"]).metrics_port == 9402
     up = parser.parse_args(["up"])
     assert (up.router_metrics_port, up.target_metrics_port, up.draft_metrics_port) == (9400, 9401, 9402)
+
+
+def _up(*flags: str, monkeypatch):
+    from tandem.launcher import resolve_up_draft
+
+    for name in ("DRAFT", "DRAFT_MODEL", "SPEC_DRAFT_LENGTH", "MODEL", "DEVICE"):
+        monkeypatch.delenv(f"TANDEM_{name}", raising=False)
+    return resolve_up_draft(build_parser().parse_args(["up", *flags]))
+
+
+def test_up_serves_the_shipped_eagle_head_for_the_default_model(monkeypatch):
+    from tandem.models.heads import EAGLE_HEAD
+
+    args = _up(monkeypatch=monkeypatch)
+    assert (args.draft, args.draft_model, args.spec_draft_length) == ("eagle", EAGLE_HEAD, 1)
+    assert (EAGLE_HEAD / "config.json").is_file()
+    assert _up("--device", "cuda", monkeypatch=monkeypatch).spec_draft_length == 4
+
+
+def test_up_decodes_plainly_for_a_model_of_ones_own_unless_told(monkeypatch):
+    assert _up("--model", "/models/mine", monkeypatch=monkeypatch).draft == "none"
+    mine = _up("--model", "/models/mine", "--draft", "eagle", "--draft-model", "/heads/mine",
+               "--spec-draft-length", "3", monkeypatch=monkeypatch)
+    assert (mine.draft, mine.draft_model, mine.spec_draft_length) == ("eagle", "/heads/mine", 3)
+    assert _up("--draft", "none", monkeypatch=monkeypatch).draft == "none"
