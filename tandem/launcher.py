@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from tandem.client import health
-from tandem.models.heads import default_draft, default_draft_length
+from tandem.models.heads import default_draft, default_shape
 
 READY_TIMEOUT_S = 300.0
 
@@ -29,13 +29,19 @@ def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = R
 
 
 def resolve_up_draft(args) -> argparse.Namespace:
-    """--draft auto and an unset --spec-draft-length made concrete (tandem.models.heads)."""
-    draft, head = args.draft, args.draft_model
-    if draft == "auto":
-        draft, auto_head = default_draft(model_given=args.model is not None)
-        head = head or auto_head
-    k = args.spec_draft_length if args.spec_draft_length is not None else default_draft_length(args.device)
-    return argparse.Namespace(**{**vars(args), "draft": draft, "draft_model": head, "spec_draft_length": k})
+    """--draft auto made concrete (tandem.models.heads): the shipped head for the default model,
+    and, unless --shape is given, the device's draft shape. An unset --spec-draft-length takes
+    the device's k."""
+    chosen = {}
+    if args.draft == "auto":
+        draft, head = default_draft(model_given=args.model is not None)
+        chosen.update(draft=draft, draft_model=args.draft_model or head)
+        if draft != "none" and args.shape is None:
+            shape = default_shape(args.device)
+            chosen.update(shape=shape.shape, tree_top_k=shape.tree_top_k, tree_node_budget=shape.tree_node_budget)
+    if args.spec_draft_length is None:
+        chosen["spec_draft_length"] = default_shape(args.device).k
+    return argparse.Namespace(**{**vars(args), **chosen})
 
 
 def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | None]:
@@ -100,7 +106,8 @@ def run_up(args, model: Path) -> int:
             wait_healthy(f"{args.host}:{args.draft_port}", procs)
         procs.append(_spawn(router_args, args.log_level, args.log_format))
         wait_healthy(f"{args.host}:{args.router_port}", procs)
-        drafting = f"{args.draft} {args.draft_model}, k = {args.spec_draft_length}" if draft_args else "none"
+        drafting = f"{args.draft} {args.draft_model}, {args.shape or 'its default shape'}, k = {args.spec_draft_length}" \
+            if draft_args else "none"
         print(f"tandem up: router on {args.host}:{args.router_port} (draft: {drafting})", flush=True)
         while not stopping and all(p.poll() is None for p in procs):
             time.sleep(0.2)

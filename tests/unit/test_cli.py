@@ -3,6 +3,7 @@ transformers, so `tandem health`, which compose's healthchecks run every few sec
 
 import subprocess
 import sys
+from pathlib import Path
 
 from tandem.cli import build_parser
 
@@ -29,7 +30,8 @@ def test_metrics_ports_default_to_9400_9402(monkeypatch):
 def _up(*flags: str, monkeypatch):
     from tandem.launcher import resolve_up_draft
 
-    for name in ("DRAFT", "DRAFT_MODEL", "SPEC_DRAFT_LENGTH", "MODEL", "DEVICE"):
+    for name in ("DRAFT", "DRAFT_MODEL", "SPEC_DRAFT_LENGTH", "MODEL", "DEVICE", "DRAFT_SHAPE", "TREE_TOP_K",
+                 "TREE_NODE_BUDGET"):
         monkeypatch.delenv(f"TANDEM_{name}", raising=False)
     return resolve_up_draft(build_parser().parse_args(["up", *flags]))
 
@@ -39,8 +41,20 @@ def test_up_serves_the_shipped_eagle_head_for_the_default_model(monkeypatch):
 
     args = _up(monkeypatch=monkeypatch)
     assert (args.draft, args.draft_model, args.spec_draft_length) == ("eagle", EAGLE_HEAD, 1)
+    assert (args.shape, args.tree_top_k, args.tree_node_budget) == ("tree", 3, 3)  # CPU: one depth, 3 siblings
     assert (EAGLE_HEAD / "config.json").is_file()
-    assert _up("--device", "cuda", monkeypatch=monkeypatch).spec_draft_length == 4
+    gpu = _up("--device", "cuda", monkeypatch=monkeypatch)
+    assert (gpu.shape, gpu.spec_draft_length) == ("chain", 4)
+    chain = _up("--shape", "chain", monkeypatch=monkeypatch)  # a shape of one's own keeps its flags
+    assert (chain.draft, chain.shape, chain.tree_top_k, chain.spec_draft_length) == ("eagle", "chain", 4, 1)
+
+
+def test_up_service_args_carry_the_chosen_draft(monkeypatch):
+    from tandem.launcher import service_args
+
+    _, router, draft = service_args(_up(monkeypatch=monkeypatch), Path("/models/default"))
+    assert router[router.index("--spec-draft-length") + 1] == "1"
+    assert draft[draft.index("--shape") + 1] == "tree" and draft[draft.index("--tree-node-budget") + 1] == "3"
 
 
 def test_up_decodes_plainly_for_a_model_of_ones_own_unless_told(monkeypatch):
