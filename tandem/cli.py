@@ -192,9 +192,11 @@ def cmd_health(args) -> int:
 def cmd_bench(args) -> int:
     from tandem.bench.plain import run_bench
     from tandem.bench.prefix import run_prefix_bench
+    from tandem.bench.shapes import run_shapes_bench
     from tandem.bench.spec import run_spec_bench
 
-    return {"prefix": run_prefix_bench, "spec": run_spec_bench}.get(args.mode, run_bench)(args)
+    modes = {"prefix": run_prefix_bench, "spec": run_spec_bench, "shapes": run_shapes_bench}
+    return modes.get(args.mode, run_bench)(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ from tandem.bench.hf import HFGenerator
 from tandem.bench.inputs import bench_model, bench_prompts
 from tandem.bench.machine import machine_facts, matvec_bandwidth
 from tandem.bench.services import running_services
+from tandem.bench.shapes import add_shapes_flag
 from tandem.bench.spec_modes import add_spec_flags
 from tandem.grpc_server import CHANNEL_OPTIONS
 from tandem.v1 import generate_pb2 as pb
@@ -23,9 +24,9 @@ from tandem.v1 import generate_pb2_grpc
 
 
 def add_bench_flags(p) -> None:
-    p.add_argument("--mode", choices=["plain", "prefix", "spec"], default="plain",
+    p.add_argument("--mode", choices=["plain", "prefix", "spec", "shapes"], default="plain",
                    help="plain: tandem vs transformers; prefix: the prefix cache on vs off;"
-                        " spec: speculation modes side by side")
+                        " spec: speculation modes side by side; shapes: EAGLE draft shapes vs plain")
     p.add_argument("--model", default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--questions", type=int, default=80, help="MT-bench first turns to use (of 80)")
@@ -35,6 +36,7 @@ def add_bench_flags(p) -> None:
     p.add_argument("--out", default="bench/results")
     p.add_argument("--reduced", action="store_true", help="a tiny random model (and heads) and 4 prompts (for tests)")
     add_spec_flags(p)
+    add_shapes_flag(p)
 
 
 def _tandem_one(stub, ids: list[int], max_tokens: int) -> list[int]:

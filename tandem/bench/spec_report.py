@@ -64,14 +64,14 @@ def build_report(cfg: SpecBenchConfig, model: Path, prompts: int, modes, rows: l
     }
 
 
-def write_results(out: Path, report: dict) -> dict[str, Path]:
-    """spec-<stamp>.{json,md}, spec-<stamp>-acceptance.png and -throughput.png, each copied to
-    spec-latest*; --reduced writes spec-reduced-* so that it never replaces a real run's files."""
+def write_results(out: Path, report: dict, name: str = "spec") -> dict[str, Path]:
+    """<name>-<stamp>.{json,md}, <name>-<stamp>-acceptance.png and -throughput.png, each copied to
+    <name>-latest*; --reduced writes <name>-reduced-* so that it never replaces a real run's files."""
     from tandem.bench.plots import plot_acceptance, plot_throughput
     from tandem.bench.report import markdown_summary
 
     out.mkdir(parents=True, exist_ok=True)
-    prefix = "spec-reduced-" if report["reduced"] else "spec-"
+    prefix = f"{name}-reduced-" if report["reduced"] else f"{name}-"
     stamp = time.strftime("%Y%m%d-%H%M%S")
     written = {
         "json": out / f"{prefix}{stamp}.json",

@@ -64,3 +64,24 @@ def _check_speculative(rows: dict, t: float, b: int) -> None:
         assert split["steps"] > 0 and split["fractions"]["draft"] > 0
         assert all(math.isfinite(v) and v >= 0 for v in split["fractions"].values()), split
         assert _close(sum(split["fractions"].values()), 1.0, 0.01), split
+
+
+def test_bench_shapes_reduced_compares_draft_shapes_to_plain(tmp_path):
+    out = tandem_cli("bench", "--mode", "shapes", "--reduced", "--questions", str(PROMPTS), "--max-tokens", str(TOKENS),
+                     "--shapes", "chain:2,tree:1:2:2", "--temperatures", "0", "--concurrency", "1",
+                     "--out", str(tmp_path), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((tmp_path / "shapes-reduced-latest.json").read_text())
+    assert report["mode"] == "shapes" and report["settings"]["shapes"] == "chain:2,tree:1:2:2"
+    rows = {r["mode"]: r for r in report["rows"]}
+    assert list(rows) == ["tandem_plain", "eagle_chain_2", "eagle_tree_1_2_2"]
+    assert all(r["status"] == "ok" and r["completion_tokens"] == PROMPTS * TOKENS and r["batch"] == 1
+               for r in rows.values())
+    assert rows["tandem_plain"]["ratio_to_tandem_plain"] == 1.0
+    assert rows["tandem_plain"]["acceptance_by_depth"] is None
+    for name in ("eagle_chain_2", "eagle_tree_1_2_2"):
+        r = rows[name]
+        assert r["verify_steps"] > 0 and len(r["acceptance_by_depth"]) == 2  # the deepest shape's k
+        assert _close(r["ratio_to_tandem_plain"], r["tokens_per_s"] / rows["tandem_plain"]["tokens_per_s"])
+    assert rows["eagle_tree_1_2_2"]["acceptance_by_depth"][1] == 0  # a depth-1 tree never reaches 2
+    assert "| tree depth<=1 top-2 2 nodes |" in (tmp_path / "shapes-reduced-latest.md").read_text()

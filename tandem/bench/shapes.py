@@ -1,0 +1,88 @@
+"""`tandem bench --mode shapes`: which draft shape pays on this machine. Plain decoding and one
+EAGLE head in several shapes (chains of k; trees of depth k, top-k children, a node budget), each
+a real target + draft + router stack, side by side on MT-bench first turns, taking turns prompt
+by prompt (the spec bench's rotation). Per shape: tokens/s and its ratio to plain, the accepted
+length, acceptance by draft position and the time split. `tandem up`'s CPU default
+(tandem.models.heads) was chosen from this.
+"""
+
+import os
+import time
+from dataclasses import replace
+
+from tandem.bench.services import StackSpec
+from tandem.bench.spec_modes import Mode
+from tandem.errors import InvalidArgument
+from tandem.models.heads import DraftShape
+
+DEFAULT_SHAPES = "chain:1,chain:2,chain:3,tree:1:3:3,tree:2:2:4"
+
+
+def add_shapes_flag(p) -> None:
+    p.add_argument("--shapes", default=DEFAULT_SHAPES,
+                   help="--mode shapes: comma-separated chain:K or tree:K:TOP_K:NODE_BUDGET (default %(default)s);"
+                        " the head is --eagle-head; --temperatures 0 --concurrency 1 for greedy batch 1 alone")
+
+
+def parse_shapes(text: str) -> list[DraftShape]:
+    shapes = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        kind, *numbers = item.split(":")
+        try:
+            values = [int(n) for n in numbers]
+        except ValueError:
+            values = []
+        if kind == "chain" and len(values) == 1 and values[0] >= 1:
+            shapes.append(DraftShape("chain", values[0]))
+        elif kind == "tree" and len(values) == 3 and min(values) >= 1:
+            shapes.append(DraftShape("tree", *values))
+        else:
+            raise InvalidArgument(f"--shapes: {item!r} is neither chain:K nor tree:K:TOP_K:NODE_BUDGET")
+    if not shapes:
+        raise InvalidArgument("--shapes: no shape given")
+    return shapes
+
+
+def shape_label(s: DraftShape) -> str:
+    if s.shape == "chain":
+        return f"chain k={s.k}"
+    return f"tree depth<={s.k} top-{s.tree_top_k} {s.tree_node_budget} nodes"
+
+
+def shape_modes(head, shapes: list[DraftShape]) -> list[Mode]:
+    """Plain decoding first (the ratios' base), then a stack per shape."""
+    plain = Mode("tandem_plain", "tandem plain", "target and router (--draft none)",
+                 StackSpec(router=("--spec-draft-length", "1")))
+    modes = [plain]
+    for s in shapes:
+        draft = ("--method", "eagle", "--draft-model", str(head), "--shape", s.shape)
+        if s.shape == "tree":
+            draft += ("--tree-top-k", str(s.tree_top_k), "--tree-node-budget", str(s.tree_node_budget))
+        name = f"eagle_{s.shape}_{s.k}" + (f"_{s.tree_top_k}_{s.tree_node_budget}" if s.shape == "tree" else "")
+        modes.append(Mode(name, shape_label(s), f"EAGLE {shape_label(s)}",
+                          StackSpec(draft=draft, router=("--spec-draft-length", str(s.k)))))
+    return modes
+
+
+def run_shapes_bench(args) -> int:
+    from transformers import AutoTokenizer
+
+    from tandem.bench.inputs import bench_model, bench_prompts
+    from tandem.bench.spec import _heads, measure
+    from tandem.bench.spec_modes import spec_config
+    from tandem.bench.spec_report import build_report, write_results
+
+    shapes = parse_shapes(args.shapes)
+    cfg = replace(spec_config(args), spec_draft_length=max(s.k for s in shapes))  # positions to report
+    load = os.getloadavg()[0]
+    model = bench_model(args)
+    eagle, _ = _heads(cfg, model)
+    prompts = bench_prompts(args, AutoTokenizer.from_pretrained(model))
+    modes = shape_modes(eagle, shapes)
+    print(f"bench shapes: {len(prompts)} prompts x {cfg.max_tokens} tokens, {len(shapes)} shapes, {model}", flush=True)
+    started = time.perf_counter()
+    rows = measure(cfg, model, prompts, modes)
+    report = build_report(cfg, model, len(prompts), modes, rows, time.perf_counter() - started, load)
+    report.update(mode="shapes", settings={"shapes": args.shapes, "eagle_head": str(eagle)})
+    write_results(cfg.out, report, name="shapes")
+    return 0

@@ -1,0 +1,27 @@
+"""`tandem bench --mode shapes`: its shape list and the stacks it starts."""
+
+import pytest
+
+from tandem.bench.shapes import parse_shapes, shape_modes
+from tandem.errors import InvalidArgument
+from tandem.models.heads import DraftShape
+
+
+def test_parse_shapes():
+    assert parse_shapes("chain:1, tree:2:3:5") == [DraftShape("chain", 1), DraftShape("tree", 2, 3, 5)]
+
+
+@pytest.mark.parametrize("bad", ["", "chain", "chain:0", "tree:1:3", "tree:1:x:3", "star:2"])
+def test_parse_shapes_names_a_bad_item(bad):
+    with pytest.raises(InvalidArgument, match="--shapes"):
+        parse_shapes(bad)
+
+
+def test_shape_modes_plain_first_then_one_stack_per_shape():
+    modes = shape_modes("/heads/h", parse_shapes("chain:2,tree:1:3:3"))
+    assert [m.name for m in modes] == ["tandem_plain", "eagle_chain_2", "eagle_tree_1_3_3"]
+    assert modes[0].stack.draft is None
+    assert modes[1].stack.router == ("--spec-draft-length", "2") and "--tree-top-k" not in modes[1].stack.draft
+    tree = modes[2].stack.draft
+    assert tree[tree.index("--shape") + 1] == "tree" and tree[tree.index("--tree-node-budget") + 1] == "3"
+    assert all(m.speculative for m in modes[1:])
