@@ -14,6 +14,7 @@ from draft_service.medusa_engine import MedusaDraftEngine
 from draft_service.methods import DRAFT_METHODS, load_draft_head
 from draft_service.peer_client import DraftPeer
 from draft_service.servicer import SERVICE_NAME, DraftServicer
+from target_service.servicer import compute_thread
 from tandem.errors import InvalidArgument
 from tandem.grpc_server import SERVER_OPTIONS, ErrorInterceptor, add_health_and_reflection, serve_until_signal
 from tandem.metrics import engine_collector, serve_metrics
@@ -64,13 +65,14 @@ def start_draft(config: DraftConfig, tracing: Tracing | None = None):
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     peer = DraftPeer(config.target_address, config.device)
-    engine, kind = build_engine(config, peer, tracing)
+    compute = compute_thread("draft-compute", config.num_threads or torch.get_num_threads())
+    engine, kind = compute.submit(build_engine, config, peer, tracing).result()  # built where it computes
     peer.start()
     if not peer.wait_connected(config.hidden_timeout_s * 6):
         raise RuntimeError(f"draft: no peer stream to the target at {config.target_address}")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
     max_draft_tokens, shape = kind.describe(engine)
-    servicer = DraftServicer(engine, config.method, config.model_dir.name, config.num_threads or torch.get_num_threads(),
+    servicer = DraftServicer(engine, config.method, config.model_dir.name, compute,
                              max_draft_tokens=max_draft_tokens, shape=shape, tracing=tracing)
     engine_pb2_grpc.add_DraftEngineServicer_to_server(servicer, server)
     health = add_health_and_reflection(server, [SERVICE_NAME])

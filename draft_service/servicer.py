@@ -1,7 +1,8 @@
 """The DraftEngine gRPC servicer: protobuf in, engine call, protobuf out."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 from draft_service.tracing import DRAFT_SPAN, describe_draft
-from target_service.servicer import compute_thread
 from tandem import codec
 from tandem.telemetry.tracing import Tracing, ending, server_span
 from tandem.v1 import engine_pb2, engine_pb2_grpc
@@ -10,11 +11,11 @@ from tandem.v1 import engine_pb2, engine_pb2_grpc
 class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
     """engine: any draft method's engine (draft_service.server.ENGINES)."""
 
-    def __init__(self, engine, method: str, model: str, threads: int, *, max_draft_tokens: int = 0, shape: str = "chain",
-                 tracing: Tracing | None = None):
+    def __init__(self, engine, method: str, model: str, compute: ThreadPoolExecutor, *, max_draft_tokens: int = 0,
+                 shape: str = "chain", tracing: Tracing | None = None):
         self.engine = engine
         self.tracing = tracing or Tracing.off()
-        self._compute = compute_thread("draft-compute", threads)
+        self._compute = compute  # the thread that built the engine (target_service.servicer.compute_thread)
         self.method = method
         self.model = model
         self.max_draft_tokens = max_draft_tokens  # 0: the router's k (an EAGLE chain)

@@ -12,7 +12,7 @@ from tandem.telemetry.tracing import Tracing, setup_tracing
 from tandem.v1 import engine_pb2_grpc
 from target_service.config import TargetConfig
 from target_service.engine import TargetEngine
-from target_service.servicer import SERVICE_NAME, TargetServicer
+from target_service.servicer import SERVICE_NAME, TargetServicer, compute_thread
 
 log = logging.getLogger(__name__)
 
@@ -22,14 +22,14 @@ def start_target(config: TargetConfig, engine: TargetEngine | None = None, traci
     metrics server or None)."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    engine = engine or TargetEngine(config)
+    compute = compute_thread("target-compute", config.num_threads or torch.get_num_threads())
+    engine = engine or compute.submit(TargetEngine, config).result()  # built where it computes
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
         interceptors=[ErrorInterceptor()],
         options=SERVER_OPTIONS,
     )
-    threads = config.num_threads or torch.get_num_threads()
-    engine_pb2_grpc.add_TargetEngineServicer_to_server(TargetServicer(engine, threads, tracing), server)
+    engine_pb2_grpc.add_TargetEngineServicer_to_server(TargetServicer(engine, compute, tracing), server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
