@@ -267,11 +267,11 @@ def _up_parser(sub) -> None:
     _add_spec_flags(p, default=None, help="draft tokens per step (k; default: 1 on CPU, 4 on GPUs,"
                                           " tandem.models.heads says why)")
     p.add_argument("--draft", default=_env("draft", "auto"), choices=["auto", "none", *sorted(DRAFT_METHODS)],
-                   help="draft method (auto: the shipped EAGLE head for the default model, else none; without"
-                        " --shape, on CPU a depth-1 tree of 3 tokens, on GPUs chains of 4)")
+                   help="draft method (auto: on GPUs the shipped EAGLE head for the default model, in chains"
+                        " of 4; on CPU plain decoding, faster here; tandem.models.heads says why)")
     _add_draft_shape_flags(p)
     p.add_argument("--draft-model", default=_env("draft_model", None),
-                   help="draft head checkpoint folder (--draft auto: heads/eagle-smollm2-135m)")
+                   help="draft head checkpoint folder (default model: the shipped heads/<method>-smollm2-135m)")
     p.add_argument("--draft-port", type=int, default=_env("draft_port", 50053))
     p.add_argument("--host", default=_env("host", "127.0.0.1"))
     p.add_argument("--router-port", type=int, default=_env("router_port", 50051))

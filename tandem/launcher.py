@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from tandem.client import health
-from tandem.models.heads import default_draft, default_shape
+from tandem.models.heads import default_draft, default_shape, shipped_head
 
 READY_TIMEOUT_S = 300.0
 
@@ -29,18 +29,18 @@ def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = R
 
 
 def resolve_up_draft(args) -> argparse.Namespace:
-    """--draft auto made concrete (tandem.models.heads): the shipped head for the default model,
-    and, unless --shape is given, the device's draft shape. An unset --spec-draft-length takes
-    the device's k."""
-    chosen = {}
-    if args.draft == "auto":
-        draft, head = default_draft(model_given=args.model is not None)
-        chosen.update(draft=draft, draft_model=args.draft_model or head)
-        if draft != "none" and args.shape is None:
-            shape = default_shape(args.device)
-            chosen.update(shape=shape.shape, tree_top_k=shape.tree_top_k, tree_node_budget=shape.tree_node_budget)
+    """--draft auto, an unnamed head and an unset shape made concrete (tandem.models.heads): on
+    the default model a draft method without --draft-model takes the shipped head, and EAGLE
+    without --shape the device's shape; an unset --spec-draft-length takes the device's k."""
+    shape = default_shape(args.device)
+    draft = default_draft(args.model is not None, args.device) if args.draft == "auto" else args.draft
+    chosen = {"draft": draft}
+    if draft != "none" and args.draft_model is None and args.model is None:
+        chosen["draft_model"] = shipped_head(draft)
+    if draft == "eagle" and args.shape is None:
+        chosen.update(shape=shape.shape, tree_top_k=shape.tree_top_k, tree_node_budget=shape.tree_node_budget)
     if args.spec_draft_length is None:
-        chosen["spec_draft_length"] = default_shape(args.device).k
+        chosen["spec_draft_length"] = shape.k
     return argparse.Namespace(**{**vars(args), **chosen})
 
 

@@ -1,15 +1,14 @@
 """The draft heads shipped in the repository's heads/ folder, and what `tandem up` serves by
-default: the shipped EAGLE head when the model is the default one, drafting in a shape that
-suits the device.
+default.
 
-Why the shape depends on the device: on a GPU a verify pass of k + 1 tokens costs about what one
-token does, so longer drafts pay (EAGLE's chains of 4). On a CPU the fp32 target is
-compute-bound past one token: each extra verified token costs about 7% of a decode step here
-(SmolLM2-135M, 2 cores: 48 ms plain, +2.5 to +3.5 ms per drafted token) and a draft depth about
-10%, while the head accepts a second position only ~1 time in 4. So on a CPU it drafts one
-depth with its top 3 tokens as siblings (a tree of depth 1): measured here on 10 MT-bench
-questions x 96 tokens, 1.105x plain, against 1.077x for a chain of 1, 1.028x for 2, 0.944x
-for 3 (the k sweep in the README's Benchmarks).
+`--draft auto` drafts with the shipped EAGLE head on GPUs, where a verify pass of k + 1 tokens
+costs about what one token does, so EAGLE's chains of 4 pay. On a CPU it decodes plainly: here
+(SmolLM2-135M fp32, 2 cores, Intel Xeon) a decode step of one token takes 32 ms, but a verify of
+two takes 43 ms (matrix-vector products become matrix-matrix ones), and the head's depth-1
+acceptance is about 0.3-0.4. So the best shape measured, a chain of 1, reached 0.81x plain
+(`tandem bench --mode shapes`, README Benchmarks). `--draft eagle` or `--draft medusa` without
+`--draft-model` serve the shipped heads anyway (the demo does, to show speculation at work), in
+the device's shape.
 """
 
 from dataclasses import dataclass
@@ -28,16 +27,23 @@ class DraftShape:
     tree_node_budget: int = 16
 
 
-CPU_SHAPE = DraftShape("tree", k=1, tree_top_k=3, tree_node_budget=3)
+CPU_SHAPE = DraftShape("chain", k=1)
 GPU_SHAPE = DraftShape("chain", k=4)
+SHIPPED = {"eagle": EAGLE_HEAD, "medusa": MEDUSA_HEAD}
 
 
-def default_draft(model_given: bool) -> tuple[str, Path | None]:
-    """(method, head) for `--draft auto`: the shipped EAGLE head serves the default model; a
-    model of the user's own has no head we know of, so it decodes plainly."""
-    if model_given or not (EAGLE_HEAD / "config.json").is_file():
-        return "none", None
-    return "eagle", EAGLE_HEAD
+def default_draft(model_given: bool, device: str) -> str:
+    """The method `--draft auto` means: EAGLE with the shipped head for the default model on a
+    GPU; plain decoding on a CPU (see above), and for a model of the user's own (no head known)."""
+    if model_given or device == "cpu" or not (EAGLE_HEAD / "config.json").is_file():
+        return "none"
+    return "eagle"
+
+
+def shipped_head(method: str) -> Path | None:
+    """The shipped head of a method, for the default model; None when there is none."""
+    head = SHIPPED.get(method)
+    return head if head is not None and (head / "config.json").is_file() else None
 
 
 def default_shape(device: str) -> DraftShape:

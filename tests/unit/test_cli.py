@@ -36,30 +36,40 @@ def _up(*flags: str, monkeypatch):
     return resolve_up_draft(build_parser().parse_args(["up", *flags]))
 
 
-def test_up_serves_the_shipped_eagle_head_for_the_default_model(monkeypatch):
+def test_up_auto_drafts_with_the_shipped_eagle_head_on_gpus_and_decodes_plainly_on_cpu(monkeypatch):
     from tandem.models.heads import EAGLE_HEAD
 
-    args = _up(monkeypatch=monkeypatch)
-    assert (args.draft, args.draft_model, args.spec_draft_length) == ("eagle", EAGLE_HEAD, 1)
-    assert (args.shape, args.tree_top_k, args.tree_node_budget) == ("tree", 3, 3)  # CPU: one depth, 3 siblings
-    assert (EAGLE_HEAD / "config.json").is_file()
     gpu = _up("--device", "cuda", monkeypatch=monkeypatch)
-    assert (gpu.shape, gpu.spec_draft_length) == ("chain", 4)
-    chain = _up("--shape", "chain", monkeypatch=monkeypatch)  # a shape of one's own keeps its flags
-    assert (chain.draft, chain.shape, chain.tree_top_k, chain.spec_draft_length) == ("eagle", "chain", 4, 1)
+    assert (gpu.draft, gpu.draft_model, gpu.shape, gpu.spec_draft_length) == ("eagle", EAGLE_HEAD, "chain", 4)
+    assert (EAGLE_HEAD / "config.json").is_file()
+    cpu = _up(monkeypatch=monkeypatch)
+    assert cpu.draft == "none" and cpu.spec_draft_length == 1
+
+
+def test_up_named_method_takes_the_shipped_head_in_the_devices_shape(monkeypatch):
+    from tandem.models.heads import EAGLE_HEAD, MEDUSA_HEAD
+
+    eagle = _up("--draft", "eagle", monkeypatch=monkeypatch)
+    assert (eagle.draft_model, eagle.shape, eagle.spec_draft_length) == (EAGLE_HEAD, "chain", 1)
+    tree = _up("--draft", "eagle", "--shape", "tree", monkeypatch=monkeypatch)  # a shape of one's own keeps its flags
+    assert (tree.shape, tree.tree_top_k, tree.tree_node_budget) == ("tree", 4, 16)
+    medusa = _up("--draft", "medusa", monkeypatch=monkeypatch)
+    assert (medusa.draft_model, medusa.shape) == (MEDUSA_HEAD, None)  # Medusa's own default shape
+
+
+def test_up_decodes_plainly_for_a_model_of_ones_own_unless_told(monkeypatch):
+    assert _up("--model", "/models/mine", "--device", "cuda", monkeypatch=monkeypatch).draft == "none"
+    mine = _up("--model", "/models/mine", "--draft", "eagle", "--draft-model", "/heads/mine",
+               "--spec-draft-length", "3", monkeypatch=monkeypatch)
+    assert (mine.draft, mine.draft_model, mine.spec_draft_length) == ("eagle", "/heads/mine", 3)
+    assert _up("--model", "/models/mine", "--draft", "eagle", monkeypatch=monkeypatch).draft_model is None
+    assert _up("--draft", "none", "--device", "cuda", monkeypatch=monkeypatch).draft == "none"
 
 
 def test_up_service_args_carry_the_chosen_draft(monkeypatch):
     from tandem.launcher import service_args
 
-    _, router, draft = service_args(_up(monkeypatch=monkeypatch), Path("/models/default"))
+    _, router, draft = service_args(_up("--draft", "eagle", monkeypatch=monkeypatch), Path("/models/default"))
     assert router[router.index("--spec-draft-length") + 1] == "1"
-    assert draft[draft.index("--shape") + 1] == "tree" and draft[draft.index("--tree-node-budget") + 1] == "3"
-
-
-def test_up_decodes_plainly_for_a_model_of_ones_own_unless_told(monkeypatch):
-    assert _up("--model", "/models/mine", monkeypatch=monkeypatch).draft == "none"
-    mine = _up("--model", "/models/mine", "--draft", "eagle", "--draft-model", "/heads/mine",
-               "--spec-draft-length", "3", monkeypatch=monkeypatch)
-    assert (mine.draft, mine.draft_model, mine.spec_draft_length) == ("eagle", "/heads/mine", 3)
-    assert _up("--draft", "none", monkeypatch=monkeypatch).draft == "none"
+    assert draft[draft.index("--shape") + 1] == "chain"
+    assert draft[draft.index("--draft-model") + 1].endswith("heads/eagle-smollm2-135m")
