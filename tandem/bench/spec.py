@@ -60,7 +60,8 @@ def measure(cfg: SpecBenchConfig, model: Path, prompts: list[list[int]], modes: 
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    generator = HFGenerator(model, cfg.dtype, cfg.max_tokens)
+    in_process = [m for m in modes if not m.stack and not m.skipped]  # transformers rows (none in --mode shapes)
+    generator = HFGenerator(model, cfg.dtype, cfg.max_tokens) if in_process else None
     served = [m for m in modes if m.stack and not m.skipped]
     with running_stacks(model, cfg.dtype, cfg.threads, [m.stack for m in served]) as addresses, \
             contextlib.ExitStack() as channels:
@@ -68,9 +69,8 @@ def measure(cfg: SpecBenchConfig, model: Path, prompts: list[list[int]], modes: 
         for m, address in zip(served, addresses):
             channel = channels.enter_context(grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
             runners[m.name] = TandemRunner(generate_pb2_grpc.GenerationStub(channel), cfg.max_tokens)
-        for m in modes:
-            if not m.stack and not m.skipped:
-                runners[m.name] = HFRunner(generator, m.lookup_tokens)
+        for m in in_process:
+            runners[m.name] = HFRunner(generator, m.lookup_tokens)
         for runner in runners.values():  # warm-up: first calls load kernels and caches
             runner.run(prompts[:1], 0.0, [0])
         batches = sorted({min(b, len(prompts)) for b in cfg.batches})  # as many streams as prompts, at most

@@ -35,9 +35,7 @@ SHIPPED = {"eagle": EAGLE_HEAD, "medusa": MEDUSA_HEAD}
 def default_draft(model_given: bool, device: str) -> str:
     """The method `--draft auto` means: EAGLE with the shipped head for the default model on a
     GPU; plain decoding on a CPU (see above), and for a model of the user's own (no head known)."""
-    if model_given or device == "cpu" or not (EAGLE_HEAD / "config.json").is_file():
-        return "none"
-    return "eagle"
+    return "none" if model_given or device == "cpu" or shipped_head("eagle") is None else "eagle"
 
 
 def shipped_head(method: str) -> Path | None:
