@@ -27,6 +27,7 @@ from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
 from tandem.models.eagle_io import LAYER, read_eagle_checkpoint, read_tensors
+from tandem.models.linear import Linear, make_linear
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
 from tandem.models.rope import inverse_frequencies, rope_tables, signed_sin
 
@@ -95,27 +96,26 @@ class EagleHead:
     def __init__(
         self,
         config: EagleConfig,
-        fc: torch.Tensor,  # [2D, D]: rows 0..D-1 take the embedding, D..2D-1 the feature
-        fc_bias: torch.Tensor | None,  # [D]
+        fc: Linear,  # 2D -> D: inputs 0..D-1 take the embedding, D..2D-1 the feature
         layer: LayerWeights,
         embed: torch.Tensor,  # [V, D], the target's
-        lm_head: torch.Tensor,  # [D, V], the target's (transposed)
+        lm_head: torch.Tensor,  # [V, D], the target's
         rope_cos: torch.Tensor,  # [max_positions, head_dim] fp32
         rope_sin: torch.Tensor,
         backend: AttentionBackend,
         vocab_ids: torch.Tensor | None = None,  # [V'] int64: a pruned draft vocabulary (d2t)
     ):
         d = config.hidden_size
-        assert fc.shape == (2 * d, d), fc.shape
-        assert embed.shape[1] == d and lm_head.shape[0] == d, (embed.shape, lm_head.shape)
+        assert fc.weight.shape == (d, 2 * d), fc.weight.shape
+        assert embed.shape[1] == d and lm_head.shape[1] == d, (embed.shape, lm_head.shape)
         self.config = config
-        self.fc, self.fc_bias, self.layer = fc, fc_bias, layer
-        self.embed, self.lm_head = embed, lm_head
+        self.fc, self.layer = fc, layer
+        self.embed, self.vocab_size = embed, lm_head.shape[0]
         # A pruned vocabulary scores only its tokens (EAGLE-3's d2t): a smaller lm_head, and the
         # rest of the vocabulary at -inf, so the draft never proposes what it was not trained on.
         self.vocab_ids = vocab_ids
-        self.pruned_lm_head = None if vocab_ids is None else lm_head[:, vocab_ids].contiguous()
-        self.dtype = fc.dtype
+        self.lm_head = make_linear(lm_head if vocab_ids is None else lm_head[vocab_ids])
+        self.dtype = fc.weight.dtype
         self.rope_cos = rope_cos.to(self.dtype)
         self.rope_sin = signed_sin(rope_sin).to(self.dtype)
         self.backend = backend
@@ -135,7 +135,7 @@ class EagleHead:
     ) -> torch.Tensor:  # [T, D]: the predicted features f^_{i+1}
         assert tokens.shape[0] == features.shape[0] == batch.positions.shape[0], (tokens.shape, features.shape)
         x = torch.cat((F.embedding(tokens, self.embed), features.to(self.dtype)), dim=-1)
-        h = x @ self.fc if self.fc_bias is None else torch.addmm(self.fc_bias, x, self.fc)
+        h = self.fc(x)
         cos, sin = self.rope_cos[batch.positions], self.rope_sin[batch.positions]
         h = h + attention_block(self._model_config, 0, self.layer, h, cos, sin, batch, cache, self.backend)
         return h + mlp_block(self.layer, rms_norm(h, self.layer.post_norm, self.config.rms_norm_eps))
@@ -143,18 +143,18 @@ class EagleHead:
     @torch.inference_mode()
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [S, D] (predicted, no norm applied) -> logits [S, V] in fp32."""
+        scores = self.lm_head(features).float()
         if self.vocab_ids is None:
-            return (features @ self.lm_head).float()
-        pruned = (features @ self.pruned_lm_head).float()
-        logits = torch.full((features.shape[0], self.lm_head.shape[1]), float("-inf"), device=features.device)
-        logits[:, self.vocab_ids] = pruned
+            return scores
+        logits = torch.full((features.shape[0], self.vocab_size), float("-inf"), device=features.device)
+        logits[:, self.vocab_ids] = scores
         return logits
 
 
 def build_head_weights(
     config: EagleConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, device
-) -> tuple[torch.Tensor, torch.Tensor | None, LayerWeights]:
-    """(fc [2D, D], fc_bias, layer) from a public state dict; checks every key and shape."""
+) -> tuple[Linear, LayerWeights]:
+    """(fc, layer) from a public state dict; checks every key and shape."""
     if "d2t" in state or any(k.startswith("midlayer.") for k in state):
         raise InvalidArgument("this is an EAGLE-3 checkpoint (midlayer / d2t keys); only EAGLE-1/2 heads are supported")
     expected = _expected_shapes(config)
@@ -167,24 +167,19 @@ def build_head_weights(
             raise InvalidArgument(f"EAGLE weight {name} has shape {list(w.shape)}, config wants {list(expected[name])}")
         return w.to(device=device, dtype=dtype)
 
-    def t(x: torch.Tensor) -> torch.Tensor:  # [out, in] -> [in, out] contiguous
-        return x.t().contiguous()
-
     p = LAYER + "self_attn."
     qkv_bias = None
     if config.qkv_bias:
         qkv_bias = torch.cat([take(p + f"{n}_proj.bias") for n in "qkv"])
     layer = LayerWeights(
         input_norm=torch.ones(config.hidden_size, dtype=dtype, device=device),  # unused
-        qkv=t(torch.cat([take(p + f"{n}_proj.weight") for n in "qkv"])),
-        qkv_bias=qkv_bias,
-        o=t(take(p + "o_proj.weight")),
+        qkv=make_linear(torch.cat([take(p + f"{n}_proj.weight") for n in "qkv"]), qkv_bias),
+        o=make_linear(take(p + "o_proj.weight")),
         post_norm=take(LAYER + "post_attention_layernorm.weight").contiguous(),
-        gate_up=t(torch.cat([take(LAYER + "mlp.gate_proj.weight"), take(LAYER + "mlp.up_proj.weight")])),
-        down=t(take(LAYER + "mlp.down_proj.weight")),
+        gate_up=make_linear(torch.cat([take(LAYER + "mlp.gate_proj.weight"), take(LAYER + "mlp.up_proj.weight")])),
+        down=make_linear(take(LAYER + "mlp.down_proj.weight")),
     )
-    fc_bias = take("fc.bias").contiguous() if config.fc_bias else None
-    return t(take("fc.weight")), fc_bias, layer
+    return make_linear(take("fc.weight"), take("fc.bias") if config.fc_bias else None), layer
 
 
 def _expected_shapes(c: EagleConfig) -> dict[str, tuple[int, ...]]:
@@ -229,12 +224,12 @@ def load_eagle_head(
         raise InvalidArgument(
             f"EAGLE head vocab_size {config.vocab_size} does not match the target's {target.vocab_size}"
         )
-    fc, fc_bias, layer = build_head_weights(config, state, dtype, device)
+    fc, layer = build_head_weights(config, state, dtype, device)
     embed, lm_head = _target_embeddings(target, Path(target_dir), dtype, device)
     inv_freq, scaling = _head_rope(Path(head_dir), raw)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)
     vocab_ids = _draft_vocab(Path(head_dir), config.vocab_size, device)
-    return EagleHead(config, fc, fc_bias, layer, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids)
+    return EagleHead(config, fc, layer, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids)
 
 
 def _draft_vocab(head_dir: Path, vocab_size: int, device) -> torch.Tensor | None:
@@ -253,7 +248,7 @@ def _draft_vocab(head_dir: Path, vocab_size: int, device) -> torch.Tensor | None
 
 
 def _target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(embed [V, D], lm_head [D, V]) of the target, tied or not (the loader's rule)."""
+    """(embed [V, D], lm_head [V, D]) of the target, tied or not (the loader's rule)."""
     embed_key, head_key = "model.embed_tokens.weight", "lm_head.weight"
     found = read_tensors(target_dir, {embed_key, head_key})
     if embed_key not in found:
@@ -261,7 +256,7 @@ def _target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> 
     embed = found[embed_key].to(device=device, dtype=dtype).contiguous()
     tied = target.tie_word_embeddings or head_key not in found
     head = embed if tied else found[head_key].to(device=device, dtype=dtype)
-    return embed, head.t().contiguous()
+    return embed, head.contiguous()
 
 
 def _head_rope(head_dir: Path, raw: dict) -> tuple[torch.Tensor, float]:

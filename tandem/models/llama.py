@@ -3,9 +3,9 @@ SwiGLU, optionally tied embeddings. Works on a packed batch of tokens from many 
 attention goes through an AttentionBackend over a paged KV cache.
 
 q/k/v and gate/up projections are fused into one matrix each: fewer, larger matmuls per layer,
-which is what a memory-bound decode step wants. Weights are stored transposed, [in, out]
-contiguous: on CPU `x @ w` then streams each weight at ~18 GB/s where `F.linear` (which wants
-[out, in]) reaches ~10 GB/s, measured here at batch 1.
+which is what a memory-bound decode step wants. Weights keep nn.Linear's [out, in] layout;
+`tandem.models.linear` picks the CPU kernel by row count (one row for a decode step, a few for a
+verify step).
 """
 
 from dataclasses import dataclass
@@ -16,18 +16,18 @@ import torch.nn.functional as F
 from tandem.attention.base import AttentionBackend
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
+from tandem.models.linear import Linear
 from tandem.models.rope import apply_rope, signed_sin
 
 
 @dataclass(frozen=True, slots=True)
 class LayerWeights:
     input_norm: torch.Tensor  # [D]
-    qkv: torch.Tensor  # [D, (H + 2 * KVH) * d]
-    qkv_bias: torch.Tensor | None  # [(H + 2 * KVH) * d]
-    o: torch.Tensor  # [H * d, D]
+    qkv: Linear  # D -> (H + 2 * KVH) * d, with the q/k/v biases where the model has them
+    o: Linear  # H * d -> D
     post_norm: torch.Tensor  # [D]
-    gate_up: torch.Tensor  # [D, 2 * I]
-    down: torch.Tensor  # [I, D]
+    gate_up: Linear  # D -> 2 * I
+    down: Linear  # I -> D
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ class ModelWeights:
     embed: torch.Tensor  # [V, D]
     layers: tuple[LayerWeights, ...]
     norm: torch.Tensor  # [D]
-    lm_head: torch.Tensor  # [D, V] (a transposed copy of embed when tied)
+    lm_head: Linear  # D -> V (over embed itself when tied)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +96,7 @@ class LlamaModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [S, D] (final-norm) -> logits [S, V] in fp32."""
-        return (hidden @ self.weights.lm_head).float()
+        return self.weights.lm_head(hidden).float()
 
 
 def attention_block(config: ModelConfig, index: int, layer: LayerWeights, x, cos, sin, batch: ForwardBatch,
@@ -104,16 +104,16 @@ def attention_block(config: ModelConfig, index: int, layer: LayerWeights, x, cos
     """Self-attention of one decoder layer over x [T, D] (already normed); KV layer `index`."""
     c = config
     tokens = x.shape[0]
-    qkv = x @ layer.qkv if layer.qkv_bias is None else torch.addmm(layer.qkv_bias, x, layer.qkv)
+    qkv = layer.qkv(x)
     # Rotary on q and k at once: they are adjacent columns of the fused projection.
     qk_width = (c.num_heads + c.num_kv_heads) * c.head_dim
     qk = apply_rope(qkv[:, :qk_width].view(tokens, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin)
     q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
     v = qkv[:, qk_width:].view(tokens, c.num_kv_heads, c.head_dim)
     out = backend.forward(index, q, k, v, cache, batch.slot_mapping, batch.plan, c.head_dim**-0.5)
-    return out.reshape(tokens, c.num_heads * c.head_dim) @ layer.o
+    return layer.o(out.reshape(tokens, c.num_heads * c.head_dim))
 
 
 def mlp_block(layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-    gate, up = (x @ layer.gate_up).chunk(2, dim=-1)
-    return (F.silu(gate) * up) @ layer.down
+    gate, up = layer.gate_up(x).chunk(2, dim=-1)
+    return layer.down(F.silu(gate) * up)

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 from tandem.attention.base import AttentionBackend
 from tandem.errors import InvalidArgument
 from tandem.models.config import ModelConfig
+from tandem.models.linear import make_linear
 from tandem.models.llama import LayerWeights, LlamaModel, ModelWeights
 from tandem.models.rope import inverse_frequencies, rope_tables
 
@@ -36,25 +37,21 @@ def build_weights(config: ModelConfig, state: dict[str, torch.Tensor], dtype: to
             raise InvalidArgument(f"checkpoint lacks weight {name}")
         return state[name].to(device=device, dtype=dtype)
 
-    def t(x: torch.Tensor) -> torch.Tensor:  # [out, in] -> [in, out] contiguous
-        return x.t().contiguous()
-
     layers = []
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        qkv = t(torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+        qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
         bias = None
         if config.attention_bias:
             bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
         layers.append(
             LayerWeights(
                 input_norm=take(p + "input_layernorm.weight"),
-                qkv=qkv,
-                qkv_bias=bias,
-                o=t(take(p + "self_attn.o_proj.weight")),
+                qkv=make_linear(qkv, bias),
+                o=make_linear(take(p + "self_attn.o_proj.weight")),
                 post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=t(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])),
-                down=t(take(p + "mlp.down_proj.weight")),
+                gate_up=make_linear(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])),
+                down=make_linear(take(p + "mlp.down_proj.weight")),
             )
         )
     embed = take("model.embed_tokens.weight").contiguous()
@@ -63,7 +60,7 @@ def build_weights(config: ModelConfig, state: dict[str, torch.Tensor], dtype: to
         embed=embed,
         layers=tuple(layers),
         norm=take("model.norm.weight").contiguous(),
-        lm_head=t(embed if tied else take("lm_head.weight")),
+        lm_head=make_linear(embed if tied else take("lm_head.weight")),
     )
 
 

@@ -174,7 +174,7 @@ def check_against_reference(head_dir, target_dir) -> None:
 def test_forward_matches_reference(target, tmp_path, fmt, fc_bias):
     head_dir = random_eagle_checkpoint(tmp_path / "head", target, seed=5, fc_bias=fc_bias, format=fmt)
     assert (head_dir / ("pytorch_model.bin" if fmt == "bin" else "model.safetensors")).is_file()
-    assert (load(head_dir, target).fc_bias is not None) == fc_bias
+    assert (load(head_dir, target).fc.bias is not None) == fc_bias
     check_against_reference(head_dir, target)
 
 
@@ -217,8 +217,8 @@ def test_embed_and_lm_head_are_the_targets(target, untied_target, tmp_path, unti
     head = load(random_eagle_checkpoint(tmp_path / "head", folder), folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     assert torch.equal(head.embed, hf.model.embed_tokens.weight.detach())
-    assert torch.equal(head.lm_head, hf.lm_head.weight.detach().T)
-    assert torch.equal(head.lm_head, head.embed.T) != untied
+    assert torch.equal(head.lm_head.weight, hf.lm_head.weight.detach())
+    assert torch.equal(head.lm_head.weight, head.embed) != untied
     features = torch.randn(3, HIDDEN)
     assert_close(head.logits(features), hf.lm_head(features).detach())
     assert head.logits(features).dtype == torch.float32

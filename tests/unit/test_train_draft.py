@@ -121,7 +121,7 @@ def test_quick_eagle_lowers_the_loss_and_writes_a_head_that_loads(eagle_run, tin
     assert record["status"] == "done" and saved["step"] == cfg.steps == record["steps"]
     assert full_data_loss(cfg, saved["model"]) < 0.9 * full_data_loss(cfg, None)
     head = load_eagle_head(cfg.run_dir / "head", tiny, dtype=torch.float32, backend=TorchAttention())
-    assert head.fc.shape == (128, 64)
+    assert head.fc.weight.shape == (64, 128)
     written = json.loads((cfg.run_dir / "head" / "training.json").read_text())
     assert 0 <= written["evaluation"]["heldout_top1"] <= 1 and written["evaluation"]["mean_accepted_length"] >= 1
     assert (cfg.run_dir / "head" / "README.md").read_text().startswith("# eagle draft head")
