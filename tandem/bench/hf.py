@@ -18,11 +18,12 @@ class HFOutput:
 
 
 class HFGenerator:
-    def __init__(self, model: Path, dtype: str, max_tokens: int):
+    def __init__(self, model: Path, dtype: str, max_tokens: int, device: str = "cpu"):
         import torch
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).to(device).eval()
+        self.device = torch.device(device)
         self.max_tokens = max_tokens
         self.config = copy.deepcopy(self.model.generation_config)
         self.config.eos_token_id = None
@@ -41,8 +42,8 @@ class HFGenerator:
         import torch
 
         width = max(map(len, batch))
-        ids = torch.tensor([[PAD] * (width - len(p)) + p for p in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        ids = torch.tensor([[PAD] * (width - len(p)) + p for p in batch], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=self.device)
         sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else \
             dict(do_sample=False, temperature=None, top_k=None, top_p=None)
         if lookup_tokens:
@@ -53,4 +54,4 @@ class HFGenerator:
         self._forwards = 0
         with torch.inference_mode():
             out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-        return HFOutput(out[:, width:].tolist(), self._forwards * len(batch))
+        return HFOutput(out[:, width:].tolist(), self._forwards * len(batch))  # tolist: a device sync

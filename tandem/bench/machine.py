@@ -29,30 +29,34 @@ def machine_facts(threads: int) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cuda": torch.cuda.is_available(),
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
 
 
 def matvec_bandwidth(dtype: str, threads: int, total_bytes: int = 256 * 2**20) -> float:
-    """Bytes/s that `x @ W` streams at batch 1 over weights much larger than the caches."""
+    """Bytes/s that a 1-row projection (the model's own kernel) streams over weights much larger
+    than the caches."""
     import torch
+
+    from tandem.models.linear import make_linear
 
     if threads:
         torch.set_num_threads(threads)
     dt = getattr(torch, dtype)
     rows, cols = 576, 3072
     count = max(1, total_bytes // (rows * cols * torch.empty((), dtype=dt).element_size()))
-    weights = [torch.randn(rows, cols).to(dt) for _ in range(count)]
+    layers = [make_linear(torch.randn(cols, rows).to(dt)) for _ in range(count)]
     x = torch.randn(1, rows).to(dt)
-    for w in weights[:4]:
-        x @ w
+    for layer in layers[:4]:
+        layer(x)
     best = float("inf")
     for _ in range(3):
         started = time.perf_counter()
-        for w in weights:
-            x @ w
+        for layer in layers:
+            layer(x)
         best = min(best, time.perf_counter() - started)
-    return sum(w.numel() * w.element_size() for w in weights) / best
+    return sum(layer.weight.numel() * layer.weight.element_size() for layer in layers) / best
 
 
 def decode_weight_bytes(model_dir: Path, dtype: str) -> int:

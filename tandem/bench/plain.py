@@ -15,7 +15,7 @@ import grpc
 from tandem.bench.hf import HFGenerator
 from tandem.bench.inputs import bench_model, bench_prompts
 from tandem.bench.machine import machine_facts, matvec_bandwidth
-from tandem.bench.services import running_services
+from tandem.bench.services import Devices, running_services
 from tandem.bench.shapes import add_shapes_flag
 from tandem.bench.spec_modes import add_spec_flags
 from tandem.grpc_server import CHANNEL_OPTIONS
@@ -33,6 +33,8 @@ def add_bench_flags(p) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--threads", type=int, default=0, help="torch threads for both (0: all cores)")
+    p.add_argument("--device", default="cpu", help="torch device of the target and of transformers' rows (cuda:0, ...)")
+    p.add_argument("--draft-device", default="", help="torch device of the draft (default: --device)")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--reduced", action="store_true", help="a tiny random model (and heads) and 4 prompts (for tests)")
     add_spec_flags(p)
@@ -55,10 +57,11 @@ def bench_side_by_side(args, model: Path, prompts) -> tuple[dict, dict, list, li
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    generator = HFGenerator(model, args.dtype, args.max_tokens)
+    devices = Devices.from_args(args)
+    generator = HFGenerator(model, args.dtype, args.max_tokens, devices.target)
     hf_generate = lambda batch: generator.generate(batch).outputs  # noqa: E731
     tandem, hf = {}, {}
-    with running_services(model, args.dtype, args.threads) as address:
+    with running_services(model, args.dtype, args.threads, devices=devices) as address:
         with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             stub = generate_pb2_grpc.GenerationStub(channel)
             _tandem_one(stub, prompts[0], 4)  # warm-up
@@ -140,6 +143,7 @@ def _report(args, model: Path, tandem: dict, hf: dict, tandem_outputs: list, hf_
         "max_tokens": args.max_tokens,
         "concurrency": c,
         "reduced": args.reduced,
+        "devices": {"target": args.device},
         "machine": machine_facts(args.threads),
         "weight_bytes_per_step": weight_bytes,
         "matvec_bandwidth_bytes_s": bandwidth,

@@ -15,7 +15,7 @@ import grpc
 
 from tandem.bench.machine import machine_facts
 from tandem.bench.inputs import bench_model
-from tandem.bench.services import running_services
+from tandem.bench.services import Devices, running_services
 from tandem.grpc_server import CHANNEL_OPTIONS
 from tandem.v1 import generate_pb2 as pb
 from tandem.v1 import generate_pb2_grpc
@@ -49,8 +49,9 @@ def run_prefix_bench(args) -> int:
     model = bench_model(args)
     questions = mtbench_first_turns(tandem_home())[: args.questions]
     off_flags = ("--prefix-cache-max-num-recycling-seqs", "0")
-    with running_services(model, args.dtype, args.threads) as on_addr, \
-            running_services(model, args.dtype, args.threads, extra_router=off_flags) as off_addr:
+    devices = Devices.from_args(args)
+    with running_services(model, args.dtype, args.threads, devices=devices) as on_addr, \
+            running_services(model, args.dtype, args.threads, extra_router=off_flags, devices=devices) as off_addr:
         runs = {"on": [], "off": []}
         with grpc.insecure_channel(on_addr, options=CHANNEL_OPTIONS) as on, \
                 grpc.insecure_channel(off_addr, options=CHANNEL_OPTIONS) as off:
@@ -98,5 +99,6 @@ def _report(args, model: Path, runs: dict) -> dict:
             "cached_prompt_tokens_on": on["cached_prompt_tokens_total"],
             "greedy_outputs_identical": f"{same}/{len(runs['on'])}",
         },
+        "devices": {"target": args.device, "draft": args.draft_device or args.device},
         "machine": machine_facts(args.threads),
     }

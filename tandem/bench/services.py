@@ -18,6 +18,19 @@ def free_port() -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class Devices:
+    """Where the benchmark's models run: the target (and transformers' rows), and the draft (a
+    second GPU, as compose.yaml places it)."""
+
+    target: str = "cpu"
+    draft: str = "cpu"
+
+    @classmethod
+    def from_args(cls, args) -> "Devices":
+        return cls(args.device, args.draft_device or args.device)
+
+
+@dataclass(frozen=True, slots=True)
 class StackSpec:
     """One target + router (+ draft) stack: extra flags for each process; `draft` None means
     plain decoding (no draft process)."""
@@ -29,14 +42,14 @@ class StackSpec:
 
 @contextlib.contextmanager
 def running_services(model: Path, dtype: str, threads: int = 0, extra_target: tuple[str, ...] = (),
-                     extra_router: tuple[str, ...] = ()):
+                     extra_router: tuple[str, ...] = (), devices: Devices = Devices()):
     """Yields the router's address; stops the processes afterwards."""
-    with running_stacks(model, dtype, threads, [StackSpec(None, extra_target, extra_router)]) as addresses:
+    with running_stacks(model, dtype, threads, [StackSpec(None, extra_target, extra_router)], devices) as addresses:
         yield addresses[0]
 
 
 @contextlib.contextmanager
-def running_stacks(model: Path, dtype: str, threads: int, specs: list[StackSpec]):
+def running_stacks(model: Path, dtype: str, threads: int, specs: list[StackSpec], devices: Devices = Devices()):
     """Starts every stack, each tier of processes in parallel (targets, then drafts, then
     routers: each needs the one before it), and yields the routers' addresses in order."""
     cli = [sys.executable, "-m", "tandem.cli", "--log-level", "WARNING"]
@@ -45,13 +58,14 @@ def running_stacks(model: Path, dtype: str, threads: int, specs: list[StackSpec]
     tports = [free_port() for _ in specs]
     try:
         _start_tier(procs, [
-            (p, [*cli, "target", *common, "--port", str(p), "--threads", str(threads), *s.target])
+            (p, [*cli, "target", *common, "--port", str(p), "--threads", str(threads), "--device", devices.target,
+                 *s.target])
             for s, p in zip(specs, tports)
         ])
         dports = {i: free_port() for i, s in enumerate(specs) if s.draft is not None}
         _start_tier(procs, [
             (dports[i], [*cli, "draft", *common, "--port", str(dports[i]), "--threads", str(threads),
-                         "--target", f"127.0.0.1:{tports[i]}", *specs[i].draft])
+                         "--device", devices.draft, "--target", f"127.0.0.1:{tports[i]}", *specs[i].draft])
             for i in dports
         ])
         rports = [free_port() for _ in specs]

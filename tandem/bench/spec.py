@@ -61,9 +61,9 @@ def measure(cfg: SpecBenchConfig, model: Path, prompts: list[list[int]], modes: 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     in_process = [m for m in modes if not m.stack and not m.skipped]  # transformers rows (none in --mode shapes)
-    generator = HFGenerator(model, cfg.dtype, cfg.max_tokens) if in_process else None
+    generator = HFGenerator(model, cfg.dtype, cfg.max_tokens, cfg.devices.target) if in_process else None
     served = [m for m in modes if m.stack and not m.skipped]
-    with running_stacks(model, cfg.dtype, cfg.threads, [m.stack for m in served]) as addresses, \
+    with running_stacks(model, cfg.dtype, cfg.threads, [m.stack for m in served], cfg.devices) as addresses, \
             contextlib.ExitStack() as channels:
         runners = {}
         for m, address in zip(served, addresses):

@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem.bench.services import StackSpec
+from tandem.bench.services import Devices, StackSpec
 from tandem.models.heads import EAGLE_HEAD as DEFAULT_EAGLE_HEAD
 from tandem.models.heads import MEDUSA_HEAD as DEFAULT_MEDUSA_HEAD
 TEMPERATURES = (0.0, 1.0)
@@ -42,6 +42,7 @@ class SpecBenchConfig:
     lookup_tokens: int
     out: Path
     reduced: bool
+    devices: Devices
 
     @property
     def batches(self) -> tuple[int, ...]:
@@ -58,7 +59,7 @@ def spec_config(args) -> SpecBenchConfig:
         seed=args.seed, temperatures=tuple(args.temperatures), eagle_head=head(args.eagle_head, DEFAULT_EAGLE_HEAD),
         medusa_head=head(args.medusa_head, DEFAULT_MEDUSA_HEAD), spec_draft_length=args.spec_draft_length,
         tree_top_k=args.tree_top_k, tree_node_budget=args.tree_node_budget, lookup_tokens=args.lookup_tokens,
-        out=Path(args.out), reduced=args.reduced,
+        out=Path(args.out), reduced=args.reduced, devices=Devices.from_args(args),
     )
 
 

@@ -1,5 +1,6 @@
 """The speculation bench's planning and bookkeeping, with fake runners (no services, no model)."""
 
+from tandem.bench.services import Devices
 from tandem.bench.spec import measure_cell
 from tandem.bench.spec_modes import plan_modes, spec_config
 from tandem.bench.spec_report import _ratios
@@ -28,6 +29,12 @@ def test_default_heads_are_the_shipped_folders(tmp_path):
     cfg = _config(tmp_path)
     assert cfg.eagle_head.name == "eagle-smollm2-135m" and cfg.medusa_head.name == "medusa-smollm2-135m"
     assert _config(tmp_path, "--reduced").eagle_head is None  # --reduced builds tiny ones
+
+
+def test_devices_default_to_the_cpu_and_the_draft_follows_the_target(tmp_path):
+    assert _config(tmp_path).devices == Devices("cpu", "cpu")
+    assert _config(tmp_path, "--device", "cuda:0").devices == Devices("cuda:0", "cuda:0")
+    assert _config(tmp_path, "--device", "cuda:0", "--draft-device", "cuda:1").devices == Devices("cuda:0", "cuda:1")
 
 
 class FakeRunner:
