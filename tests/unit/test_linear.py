@@ -28,3 +28,11 @@ def test_fp32_on_cpu_keeps_a_blocked_copy_and_others_do_not():
     assert make_linear(weight).blocked is not None
     assert make_linear(weight.bfloat16()).blocked is None
     assert make_linear(weight.t()).weight.is_contiguous()  # any layout in, [out, in] contiguous kept
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_strided_inputs_compute_the_same(rows):
+    weight = torch.randn(48, 40)
+    x = torch.randn(rows, 80)[:, ::2]  # every other column: not contiguous
+    assert not x.is_contiguous()
+    assert_close(make_linear(weight)(x), F.linear(x, weight))
