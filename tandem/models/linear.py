@@ -15,6 +15,10 @@ machine's Xeon, eating most of what speculation saves. All the default model's m
 So on CPU: one row is a matrix-vector product, 2-3 rows go to `F.linear`, more to oneDNN over a
 copy of the weight reordered once into its blocked layout (fp32; it doubles the weights' memory,
 which on CPU is the small default model's). CUDA takes `F.linear` for any row count, as nn.Linear.
+
+In the default model's whole forward (fp32, on a pool thread as the services run it) one row
+takes 28.9 ms against 27.7 with `x @ w` over an [in, out] copy: 4% given up on a single stream,
+which a third copy of every weight would buy back, for 22% on 2 rows and 8 rows.
 """
 
 from dataclasses import dataclass
