@@ -34,9 +34,9 @@ def machine_facts(threads: int) -> dict:
     }
 
 
-def matvec_bandwidth(dtype: str, threads: int, total_bytes: int = 256 * 2**20) -> float:
-    """Bytes/s that a 1-row projection (the model's own kernel) streams over weights much larger
-    than the caches."""
+def matvec_bandwidth(dtype: str, threads: int, device: str = "cpu", total_bytes: int = 256 * 2**20) -> float:
+    """Bytes/s that a 1-row projection (the model's own kernel) streams on `device` over weights
+    much larger than the caches."""
     import torch
 
     from tandem.models.linear import make_linear
@@ -46,8 +46,9 @@ def matvec_bandwidth(dtype: str, threads: int, total_bytes: int = 256 * 2**20) -
     dt = getattr(torch, dtype)
     rows, cols = 576, 3072
     count = max(1, total_bytes // (rows * cols * torch.empty((), dtype=dt).element_size()))
-    layers = [make_linear(torch.randn(cols, rows).to(dt)) for _ in range(count)]
-    x = torch.randn(1, rows).to(dt)
+    layers = [make_linear(torch.randn(cols, rows).to(device=device, dtype=dt)) for _ in range(count)]
+    x = torch.randn(1, rows).to(device=device, dtype=dt)
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     for layer in layers[:4]:
         layer(x)
     best = float("inf")
@@ -55,6 +56,7 @@ def matvec_bandwidth(dtype: str, threads: int, total_bytes: int = 256 * 2**20) -
         started = time.perf_counter()
         for layer in layers:
             layer(x)
+        sync()
         best = min(best, time.perf_counter() - started)
     return sum(layer.weight.numel() * layer.weight.element_size() for layer in layers) / best
 

@@ -119,7 +119,7 @@ def _report(args, model: Path, tandem: dict, hf: dict, tandem_outputs: list, hf_
 
     c = args.concurrency
     weight_bytes = decode_weight_bytes(model, args.dtype)
-    bandwidth = matvec_bandwidth(args.dtype, args.threads)
+    bandwidth = matvec_bandwidth(args.dtype, args.threads, args.device)
     bound_tps = bandwidth / weight_bytes  # one full read of the weights per decode step
     # transformers may stop early at eos even with eos_token_id unset: compare what both produced.
     same = sum(a[: len(b)] == b[: len(a)] for a, b in zip(tandem_outputs, hf_outputs))

@@ -14,19 +14,20 @@ from pathlib import Path
 import grpc
 
 from tandem.bench.machine import machine_facts
-from tandem.bench.inputs import bench_model
+from tandem.bench.inputs import REDUCED_PROMPTS, bench_model
 from tandem.bench.services import Devices, running_services
 from tandem.grpc_server import CHANNEL_OPTIONS
 from tandem.v1 import generate_pb2 as pb
 from tandem.v1 import generate_pb2_grpc
 
-SYSTEM = (
+SYSTEM_ONCE = (
     "You are a careful, friendly assistant for a team of engineers. Answer in plain English, "
     "briefly, and say so when you are not sure. Prefer concrete examples over abstractions, "
     "name the assumptions you make, and keep code short and runnable. When a question is "
     "ambiguous, answer the most likely reading and mention the other. Never invent facts, "
     "figures or references; if something needs checking, say how to check it. "
-) * 4
+)
+SYSTEM = SYSTEM_ONCE * 4  # about 1,000 tokens; --reduced takes it once (the tiny model holds 512)
 
 
 def _ask(stub, messages, max_tokens: int) -> tuple[list[int], float, float, int]:
@@ -47,7 +48,8 @@ def run_prefix_bench(args) -> int:
     from tandem.models.fetch import tandem_home
 
     model = bench_model(args)
-    questions = mtbench_first_turns(tandem_home())[: args.questions]
+    questions = mtbench_first_turns(tandem_home())[: min(args.questions, REDUCED_PROMPTS) if args.reduced else args.questions]
+    system = SYSTEM_ONCE if args.reduced else SYSTEM
     off_flags = ("--prefix-cache-max-num-recycling-seqs", "0")
     devices = Devices.from_args(args)
     with running_services(model, args.dtype, args.threads, devices=devices) as on_addr, \
@@ -59,15 +61,15 @@ def run_prefix_bench(args) -> int:
             for i, q in enumerate(questions):
                 order = ("on", "off") if i % 2 == 0 else ("off", "on")
                 for side in order:
-                    runs[side].append(_ask(stubs[side], [("system", SYSTEM), ("user", q)], args.max_tokens))
-    report = _report(args, model, runs)
+                    runs[side].append(_ask(stubs[side], [("system", system), ("user", q)], args.max_tokens))
+    report = _report(args, model, runs, system)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for name in (f"prefix-{stamp}.json", "prefix-latest.json"):
+    stamp, kind = time.strftime("%Y%m%d-%H%M%S"), "prefix-reduced" if args.reduced else "prefix"
+    for name in (f"{kind}-{stamp}.json", f"{kind}-latest.json"):
         (out / name).write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(json.dumps(report["summary"], indent=2))
-    print(f"results written to {out}/prefix-{stamp}.json")
+    print(f"results written to {out}/{kind}-{stamp}.json")
     return 0
 
 
@@ -81,7 +83,7 @@ def _side(runs) -> dict:
     }
 
 
-def _report(args, model: Path, runs: dict) -> dict:
+def _report(args, model: Path, runs: dict, system: str) -> dict:
     on, off = _side(runs["on"]), _side(runs["off"])
     same = sum(a[0] == b[0] for a, b in zip(runs["on"], runs["off"]))
     return {
@@ -90,7 +92,8 @@ def _report(args, model: Path, runs: dict) -> dict:
                    f" --threads {args.threads}",
         "model": str(model),
         "dtype": args.dtype,
-        "system_prompt_chars": len(SYSTEM),
+        "system_prompt_chars": len(system),
+        "reduced": args.reduced,
         "cache_on": on,
         "cache_off": off,
         "summary": {
@@ -99,6 +102,6 @@ def _report(args, model: Path, runs: dict) -> dict:
             "cached_prompt_tokens_on": on["cached_prompt_tokens_total"],
             "greedy_outputs_identical": f"{same}/{len(runs['on'])}",
         },
-        "devices": {"target": args.device, "draft": args.draft_device or args.device},
+        "devices": {"target": args.device},
         "machine": machine_facts(args.threads),
     }

@@ -80,7 +80,21 @@ def test_bench_reduced_writes_results(tmp_path):
     report = json.loads((tmp_path / "plain-reduced-latest.json").read_text())
     assert report["summary"]["greedy_outputs_identical_over_common_length"] == "4/4"
     assert report["tandem"]["1"]["tokens"] == 32 and report["transformers"]["2"]["tokens"] == 32
-    assert report["machine"]["cores"] >= 1
+    assert report["machine"]["cores"] >= 1 and report["devices"] == {"target": "cpu"}
+
+
+def test_prefix_bench_reduced_hits_the_cache_on_one_side_only(tmp_path):
+    out = tandem_cli("bench", "--mode", "prefix", "--reduced", "--questions", "2", "--max-tokens", "4",
+                     "--out", str(tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    report = json.loads((tmp_path / "prefix-reduced-latest.json").read_text())
+    assert report["cache_on"]["requests"] == report["cache_off"]["requests"] == 2
+    # The second question finds the shared system prompt cached, on the side that keeps it.
+    assert report["cache_on"]["cached_prompt_tokens_total"] > 0
+    assert report["cache_off"]["cached_prompt_tokens_total"] == 0
+    assert report["summary"]["greedy_outputs_identical"] == "2/2" and report["reduced"]
 
 
 def test_up_with_an_eagle_draft(tiny_model, tmp_path):
