@@ -48,7 +48,8 @@ def run_prefix_bench(args) -> int:
     from tandem.models.fetch import tandem_home
 
     model = bench_model(args)
-    questions = mtbench_first_turns(tandem_home())[: min(args.questions, REDUCED_PROMPTS) if args.reduced else args.questions]
+    count = min(args.questions, REDUCED_PROMPTS) if args.reduced else args.questions
+    questions = mtbench_first_turns(tandem_home())[:count]
     system = SYSTEM_ONCE if args.reduced else SYSTEM
     off_flags = ("--prefix-cache-max-num-recycling-seqs", "0")
     devices = Devices.from_args(args)

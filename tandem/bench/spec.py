@@ -63,7 +63,8 @@ def measure(cfg: SpecBenchConfig, model: Path, prompts: list[list[int]], modes: 
     in_process = [m for m in modes if not m.stack and not m.skipped]  # transformers rows (none in --mode shapes)
     generator = HFGenerator(model, cfg.dtype, cfg.max_tokens, cfg.devices.target) if in_process else None
     served = [m for m in modes if m.stack and not m.skipped]
-    with running_stacks(model, cfg.dtype, cfg.threads, [m.stack for m in served], cfg.devices) as addresses, \
+    stacks = [m.stack for m in served]
+    with running_stacks(model, cfg.dtype, cfg.threads, stacks, cfg.devices) as addresses, \
             contextlib.ExitStack() as channels:
         runners = {}
         for m, address in zip(served, addresses):
