@@ -149,17 +149,18 @@ class MedusaDraftEngine:
         if not ready:
             return tokens, parents
         states = [self._seqs[s.seq_id].sampler for s in ready]
-        top = self._top_tokens(torch.stack([self._seqs[s.seq_id].hidden for s in ready]), states)
-        for row, s in enumerate(ready):
-            depth = min(s.num_tokens, self.head.num_heads)
+        depths = [min(s.num_tokens, self.head.num_heads) for s in ready]
+        heads = max(len(c) for depth in set(depths) for c in self._within(depth))  # the deepest tree's
+        top = self._top_tokens(torch.stack([self._seqs[s.seq_id].hidden for s in ready]), states, heads)
+        for row, (s, depth) in enumerate(zip(ready, depths)):
             tree = from_medusa_choices(self._within(depth), top[row], root_token=self._seqs[s.seq_id].token)
             tokens[s.seq_id], parents[s.seq_id] = tree.tokens[1:], tree.parents[1:]
         return tokens, parents
 
-    def _top_tokens(self, hidden: torch.Tensor, states: list[SamplingState]) -> list:
-        """hidden [S, D] -> the top-k token ids of every sequence and head after the
-        request's logit bias, as nested lists [S][H][K], most likely first."""
-        logits = self.head.logits(hidden)  # [S, H, V]
+    def _top_tokens(self, hidden: torch.Tensor, states: list[SamplingState], heads: int) -> list:
+        """hidden [S, D] -> the top-k token ids of every sequence and of the first `heads` heads
+        after the request's logit bias, as nested lists [S][heads][K], most likely first."""
+        logits = self.head.logits(hidden, heads)  # [S, heads, V]
         self._tokens_run += hidden.shape[0]
         if any(state.params.logit_bias for state in states):
             heads = logits.shape[1]

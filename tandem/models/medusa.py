@@ -33,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from tandem.errors import InvalidArgument
 from tandem.models.config import ModelConfig
 from tandem.models.eagle_io import read_tensors
+from tandem.models.linear import Linear, make_linear
 
 PREFIX = "medusa_head."
 # Read in this order; the first that exists wins (pytorch_model.bin first, as the EAGLE loader).
@@ -83,13 +84,13 @@ class MedusaHeads:
         blocks: torch.Tensor,  # [H, L, D, D]: block j of head i is x + silu(x @ blocks[i, j] + bias[i, j])
         biases: torch.Tensor,  # [H, L, D]
         lm_heads: torch.Tensor | None,  # [H, D, V]: each head's own; None: `shared_lm_head`
-        shared_lm_head: torch.Tensor | None = None,  # [D, V]: the target's (transposed)
+        shared_lm_head: Linear | None = None,  # the target's lm_head, [V, D] as it stores it
     ):
         h, n, d, v = config.num_heads, config.num_layers, config.hidden_size, config.vocab_size
         assert blocks.shape == (h, n, d, d) and biases.shape == (h, n, d), (blocks.shape, biases.shape)
         assert (lm_heads is None) != (shared_lm_head is None), "exactly one of lm_heads, shared_lm_head"
         assert lm_heads is None or lm_heads.shape == (h, d, v), lm_heads.shape
-        assert shared_lm_head is None or shared_lm_head.shape == (d, v), shared_lm_head.shape
+        assert shared_lm_head is None or shared_lm_head.weight.shape == (v, d), shared_lm_head.weight.shape
         self.config = config
         self.blocks, self.biases = blocks, biases
         self.lm_heads, self.shared_lm_head = lm_heads, shared_lm_head
@@ -100,18 +101,20 @@ class MedusaHeads:
         return self.config.num_heads
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """hidden [S, D] final-norm target features -> logits [S, H, V] in fp32; row [s, i]
-        scores the token i + 2 positions after hidden[s]'s position."""
+        scores the token i + 2 positions after hidden[s]'s position. num_heads: only the first
+        H of them (a tree no deeper than H reads no others; each costs an lm_head pass)."""
         assert hidden.dim() == 2 and hidden.shape[1] == self.config.hidden_size, hidden.shape
-        heads, rows = self.config.num_heads, hidden.shape[0]
+        heads, rows = num_heads or self.config.num_heads, hidden.shape[0]
+        assert 0 < heads <= self.config.num_heads, (heads, self.config.num_heads)
         x = hidden.to(self.dtype)[None].expand(heads, rows, -1)  # [H, S, D]
         for j in range(self.config.num_layers):
-            x = x + F.silu(torch.baddbmm(self.biases[:, j, None, :], x, self.blocks[:, j]))
+            x = x + F.silu(torch.baddbmm(self.biases[:heads, j, None, :], x, self.blocks[:heads, j]))
         if self.lm_heads is not None:
-            out = torch.bmm(x, self.lm_heads)  # [H, S, V]
+            out = torch.bmm(x, self.lm_heads[:heads])  # [H, S, V]
         else:
-            out = (x.reshape(heads * rows, -1) @ self.shared_lm_head).view(heads, rows, -1)
+            out = self.shared_lm_head(x.reshape(heads * rows, -1)).view(heads, rows, -1)
         return out.transpose(0, 1).float()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -146,7 +149,7 @@ def read_medusa_checkpoint(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor
 
 def build_medusa_heads(config: MedusaConfig, state: dict[str, torch.Tensor], dtype, device,
                        target_lm_head: torch.Tensor | None) -> MedusaHeads:
-    """Checks every key and shape of a public state dict; target_lm_head [D, V] is used when
+    """Checks every key and shape of a public state dict; target_lm_head [V, D] is used when
     the checkpoint has no lm_head of its own (and may be None when it has)."""
     d, v, n = config.hidden_size, config.vocab_size, config.num_layers
     expected = {}
@@ -185,7 +188,7 @@ def build_medusa_heads(config: MedusaConfig, state: dict[str, torch.Tensor], dty
         return MedusaHeads(config, blocks, biases, lm_heads)
     if target_lm_head is None:
         raise InvalidArgument("Medusa checkpoint has no lm_head weights and no target lm_head was given")
-    return MedusaHeads(config, blocks, biases, None, target_lm_head.to(device=device, dtype=dtype))
+    return MedusaHeads(config, blocks, biases, None, make_linear(target_lm_head.to(device=device, dtype=dtype)))
 
 
 def load_medusa_heads(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, device="cpu") -> MedusaHeads:
@@ -199,14 +202,14 @@ def load_medusa_heads(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, d
 
 
 def target_lm_head(target: ModelConfig, target_dir: Path) -> torch.Tensor:
-    """The target's lm_head [D, V] (transposed), tied or not (the loader's rule)."""
+    """The target's lm_head [V, D], tied or not (the loader's rule)."""
     embed_key, head_key = "model.embed_tokens.weight", "lm_head.weight"
     found = read_tensors(target_dir, {embed_key, head_key})
     tied = target.tie_word_embeddings or head_key not in found
     key = embed_key if tied else head_key
     if key not in found:
         raise InvalidArgument(f"target checkpoint {target_dir} lacks weight {key}")
-    return found[key].t().contiguous()
+    return found[key]
 
 
 def save_medusa_checkpoint(out_dir: Path, config: dict, state: dict[str, torch.Tensor], *, format: str = "safetensors") -> Path:
@@ -244,7 +247,7 @@ def random_medusa_checkpoint(
     d, v = target.hidden_size, target.vocab_size
     gen = torch.Generator().manual_seed(seed)
     state = {}
-    base = target_lm_head(target, Path(target_dir)).t() if own_lm_head else None  # [V, D]
+    base = target_lm_head(target, Path(target_dir)) if own_lm_head else None  # [V, D]
     for i in range(num_heads):
         for j in range(num_layers):
             state[f"{PREFIX}{i}.{j}.linear.weight"] = torch.randn(d, d, generator=gen) * d**-0.5

@@ -89,7 +89,7 @@ def write_reference(out_dir, target_dir, *, heads=3, layers=1, shared=False, fmt
     if shared:
         with torch.no_grad():
             for head in ref.medusa_head:
-                head[-1].weight.copy_(target_lm_head(mc, target_dir).t())
+                head[-1].weight.copy_(target_lm_head(mc, target_dir))
         state = {k: v for k, v in state.items() if not k.endswith(f".{layers}.weight")}
     config = {"medusa_num_heads": heads, "medusa_num_layers": layers, "hidden_size": mc.hidden_size,
               "vocab_size": mc.vocab_size, "base_model_name_or_path": str(target_dir)}
@@ -125,6 +125,18 @@ def test_public_checkpoint_sharing_the_target_lm_head_equals_reference(request, 
     assert heads.lm_heads is None and heads.shared_lm_head is not None
     x = features()
     torch.testing.assert_close(heads.logits(x), ref(x).detach(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_logits_of_the_first_heads_only_equal_those_of_all(target, tmp_path, shared, rows):
+    ref, head_dir = write_reference(tmp_path / "h", target, shared=shared)
+    heads, x = load(head_dir, target), features(n=rows)
+    expected = ref(x).detach()
+    for n in (1, 2):
+        out = heads.logits(x, num_heads=n)
+        assert out.shape == (rows, n, heads.config.vocab_size)
+        torch.testing.assert_close(out, expected[:, :n], atol=1e-5, rtol=1e-5)
 
 
 def test_medusa1_legacy_file_without_key_prefix_loads(target, tmp_path):
@@ -246,9 +258,9 @@ def test_small_static_tree_literal_for_two_sequences_in_one_forward():
     rig.hidden(2, feature=1, pending=6)
     calls = []
     logits = rig.engine.head.logits
-    rig.engine.head.logits = lambda x: calls.append(x.shape[0]) or logits(x)
+    rig.engine.head.logits = lambda x, heads: calls.append((x.shape[0], heads)) or logits(x, heads)
     out = rig.draft([(1, 4), (2, 4)])
-    assert calls == [2]  # one batched heads forward
+    assert calls == [(2, 3)]  # one batched forward of every head
     # SMALL_STATIC_TREE without its depth-4 node (3 heads): (0,) (1,) (2,) (0,0) (0,1) (1,0)
     # (0,0,0) (0,0,1) (0,1,0); a depth-d choice ending in rank r takes RANKS[f][d - 1][r].
     parents = (0, 0, 0, 1, 1, 2, 4, 4, 5)
@@ -272,6 +284,20 @@ def test_tree_pruned_by_num_tokens(num_tokens, expected):
     rig.draft(ops=[AddSequence(1, GREEDY)])
     rig.hidden(1, feature=0, pending=4)
     assert rig.draft([(1, num_tokens)])[1] == expected
+
+
+def test_heads_run_only_as_deep_as_the_deepest_tree_asked():
+    rig = Rig(shape="tree")
+    rig.draft(ops=[AddSequence(1, GREEDY), AddSequence(2, GREEDY)])
+    calls = []
+    logits = rig.engine.head.logits
+    rig.engine.head.logits = lambda x, heads: calls.append(heads) or logits(x, heads)
+    for depths in ((1, 1), (1, 2), (2, 8)):
+        rig.hidden(1, feature=0, pending=4)
+        rig.hidden(2, feature=1, pending=6)
+        out = rig.draft([(1, depths[0]), (2, depths[1])])
+        assert out[1][0] == ((5, 7, 9), (5, 7, 9), (5, 7, 9, 11, 3, 11))[len(calls) - 1]  # its own depth
+    assert calls == [1, 2, 3]
 
 
 def test_chain_comes_with_parents_and_is_pruned():
