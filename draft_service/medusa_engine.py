@@ -50,8 +50,9 @@ class MedusaDraftEngine:
         self.device = torch.device(config.device)
         self.choices = medusa_choices(config, head.num_heads)
         self.topk = max(c[-1] for c in self.choices) + 1
-        if self.topk > head.config.vocab_size:
-            raise InvalidArgument(f"medusa_choices use rank {self.topk - 1}, beyond the vocabulary of {head.config.vocab_size}")
+        vocab = head.config.vocab_size if head.vocab_ids is None else len(head.vocab_ids)  # a pruned one's
+        if self.topk > vocab:
+            raise InvalidArgument(f"medusa_choices use rank {self.topk - 1}, beyond the draft vocabulary of {vocab}")
         self._pruned: dict[int, tuple[Choice, ...]] = {}  # depth -> choices no deeper
         self._seqs: dict[int, _Seq] = {}
         self._lock = threading.Lock()

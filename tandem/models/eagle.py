@@ -26,7 +26,7 @@ from tandem.attention.base import AttentionBackend
 from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
-from tandem.models.eagle_io import LAYER, read_eagle_checkpoint, read_tensors
+from tandem.models.eagle_io import LAYER, read_draft_vocab, read_eagle_checkpoint, read_tensors
 from tandem.models.linear import Linear, make_linear
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
 from tandem.models.rope import inverse_frequencies, rope_tables, signed_sin
@@ -228,23 +228,8 @@ def load_eagle_head(
     embed, lm_head = _target_embeddings(target, Path(target_dir), dtype, device)
     inv_freq, scaling = _head_rope(Path(head_dir), raw)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)
-    vocab_ids = _draft_vocab(Path(head_dir), config.vocab_size, device)
+    vocab_ids = read_draft_vocab(Path(head_dir), config.vocab_size, device)
     return EagleHead(config, fc, layer, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids)
-
-
-def _draft_vocab(head_dir: Path, vocab_size: int, device) -> torch.Tensor | None:
-    """The pruned draft vocabulary of `d2t.safetensors` (EAGLE-3: draft token i is target token
-    i + d2t[i]), or None for the full vocabulary."""
-    path = head_dir / "d2t.safetensors"
-    if not path.exists():
-        return None
-    from safetensors.torch import load_file
-
-    d2t = load_file(str(path))["d2t"].to(torch.int64)
-    ids = torch.arange(d2t.shape[0]) + d2t
-    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
-        raise InvalidArgument(f"{path}: d2t does not map the draft vocabulary into [0, {vocab_size}) one to one")
-    return ids.to(device)
 
 
 def _target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:

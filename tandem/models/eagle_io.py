@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from tandem.errors import InvalidArgument
 
 WEIGHT_FILES = {"bin": "pytorch_model.bin", "safetensors": "model.safetensors"}
+D2T_FILE = "d2t.safetensors"  # a pruned draft vocabulary, EAGLE-3's map (Medusa heads may carry one too)
 LAYER = "layers.0."
 
 
@@ -66,6 +67,33 @@ def save_eagle_checkpoint(
     else:
         save_file(tensors, str(path), metadata={"format": "pt"})
     return out_dir
+
+
+def read_draft_vocab(head_dir: Path, vocab_size: int, device="cpu") -> torch.Tensor | None:
+    """The target ids of a head's pruned draft vocabulary (`d2t.safetensors`, EAGLE-3's map:
+    draft token i is target token i + d2t[i]), or None for the full vocabulary."""
+    path = Path(head_dir) / D2T_FILE
+    if not path.exists():
+        return None
+    d2t = load_file(str(path))["d2t"].to(torch.int64)
+    ids = torch.arange(d2t.shape[0]) + d2t
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
+        raise InvalidArgument(f"{path}: d2t does not map the draft vocabulary into [0, {vocab_size}) one to one")
+    return ids.to(device)
+
+
+def write_draft_vocab(out_dir: Path, ids: torch.Tensor | None, vocab_size: int) -> None:
+    """Writes `d2t.safetensors` for the target ids `ids` of a pruned vocabulary (EAGLE-3's
+    convention: target id = draft id + d2t[draft id]; t2d marks the kept target ids), or
+    removes a stale one when ids is None."""
+    path = Path(out_dir) / D2T_FILE
+    path.unlink(missing_ok=True)
+    if ids is None:
+        return
+    ids = ids.cpu().to(torch.int64)
+    kept = torch.zeros(vocab_size, dtype=torch.bool)
+    kept[ids] = True
+    save_file({"d2t": ids - torch.arange(len(ids)), "t2d": kept}, str(path))
 
 
 def read_tensors(model_dir: Path, names: set[str]) -> dict[str, torch.Tensor]:

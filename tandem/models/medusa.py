@@ -20,6 +20,10 @@ as `model.safetensors` or `pytorch_model.bin` (Medusa-1's own `medusa_lm_head.sa
 
 Other keys (a Medusa-2 file also holds the base model's weights) are ignored; Medusa-1's legacy
 files name the keys without the `medusa_head.` prefix, which is added on reading.
+
+A folder may also hold `d2t.safetensors`, EAGLE-3's map of a pruned draft vocabulary (not part
+of Medusa's format): the heads then score only those tokens, the rest at -inf. Each head's
+lm_head pass is most of a Medusa draft's cost, and any vocabulary keeps verification lossless.
 """
 
 import json
@@ -32,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from tandem.errors import InvalidArgument
 from tandem.models.config import ModelConfig
-from tandem.models.eagle_io import read_tensors
+from tandem.models.eagle_io import read_draft_vocab, read_tensors
 from tandem.models.linear import Linear, make_linear
 
 PREFIX = "medusa_head."
@@ -83,10 +87,12 @@ class MedusaHeads:
         config: MedusaConfig,
         blocks: torch.Tensor,  # [H, L, D, D]: block j of head i is x + silu(x @ blocks[i, j] + bias[i, j])
         biases: torch.Tensor,  # [H, L, D]
-        lm_heads: torch.Tensor | None,  # [H, D, V]: each head's own; None: `shared_lm_head`
-        shared_lm_head: Linear | None = None,  # the target's lm_head, [V, D] as it stores it
+        lm_heads: torch.Tensor | None,  # [H, D, V']: each head's own; None: `shared_lm_head`
+        shared_lm_head: Linear | None = None,  # the target's lm_head, [V', D] as it stores it
+        vocab_ids: torch.Tensor | None = None,  # [V'] int64: the pruned vocabulary's target ids
     ):
-        h, n, d, v = config.num_heads, config.num_layers, config.hidden_size, config.vocab_size
+        h, n, d = config.num_heads, config.num_layers, config.hidden_size
+        v = config.vocab_size if vocab_ids is None else len(vocab_ids)
         assert blocks.shape == (h, n, d, d) and biases.shape == (h, n, d), (blocks.shape, biases.shape)
         assert (lm_heads is None) != (shared_lm_head is None), "exactly one of lm_heads, shared_lm_head"
         assert lm_heads is None or lm_heads.shape == (h, d, v), lm_heads.shape
@@ -94,6 +100,7 @@ class MedusaHeads:
         self.config = config
         self.blocks, self.biases = blocks, biases
         self.lm_heads, self.shared_lm_head = lm_heads, shared_lm_head
+        self.vocab_ids = vocab_ids
         self.dtype = blocks.dtype
 
     @property
@@ -112,10 +119,15 @@ class MedusaHeads:
         for j in range(self.config.num_layers):
             x = x + F.silu(torch.baddbmm(self.biases[:heads, j, None, :], x, self.blocks[:heads, j]))
         if self.lm_heads is not None:
-            out = torch.bmm(x, self.lm_heads[:heads])  # [H, S, V]
+            out = torch.bmm(x, self.lm_heads[:heads])  # [H, S, V']
         else:
             out = self.shared_lm_head(x.reshape(heads * rows, -1)).view(heads, rows, -1)
-        return out.transpose(0, 1).float()
+        scores = out.transpose(0, 1).float()
+        if self.vocab_ids is None:
+            return scores
+        logits = torch.full((rows, heads, self.config.vocab_size), float("-inf"), device=scores.device)
+        logits[:, :, self.vocab_ids] = scores
+        return logits
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Public key names and layout; no lm_head keys when the heads share the target's."""
@@ -148,9 +160,10 @@ def read_medusa_checkpoint(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor
 
 
 def build_medusa_heads(config: MedusaConfig, state: dict[str, torch.Tensor], dtype, device,
-                       target_lm_head: torch.Tensor | None) -> MedusaHeads:
+                       target_lm_head: torch.Tensor | None, vocab_ids: torch.Tensor | None = None) -> MedusaHeads:
     """Checks every key and shape of a public state dict; target_lm_head [V, D] is used when
-    the checkpoint has no lm_head of its own (and may be None when it has)."""
+    the checkpoint has no lm_head of its own (and may be None when it has); vocab_ids: the
+    target ids of a pruned vocabulary, whose rows of every lm_head are kept."""
     d, v, n = config.hidden_size, config.vocab_size, config.num_layers
     expected = {}
     for i in range(config.num_heads):
@@ -183,12 +196,14 @@ def build_medusa_heads(config: MedusaConfig, state: dict[str, torch.Tensor], dty
         for j in range(n):
             blocks[i, j] = take(f"{PREFIX}{i}.{j}.linear.weight").t()
             biases[i, j] = take(f"{PREFIX}{i}.{j}.linear.bias")
+    keep = slice(None) if vocab_ids is None else vocab_ids.cpu()  # rows of the CPU tensors read
     if own:
-        lm_heads = torch.stack([take(k).t() for k in heads]).contiguous()
-        return MedusaHeads(config, blocks, biases, lm_heads)
+        lm_heads = torch.stack([state[k][keep].to(device=device, dtype=dtype).t() for k in heads]).contiguous()
+        return MedusaHeads(config, blocks, biases, lm_heads, vocab_ids=vocab_ids)
     if target_lm_head is None:
         raise InvalidArgument("Medusa checkpoint has no lm_head weights and no target lm_head was given")
-    return MedusaHeads(config, blocks, biases, None, make_linear(target_lm_head.to(device=device, dtype=dtype)))
+    shared = make_linear(target_lm_head[keep].to(device=device, dtype=dtype))
+    return MedusaHeads(config, blocks, biases, None, shared, vocab_ids)
 
 
 def load_medusa_heads(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, device="cpu") -> MedusaHeads:
@@ -198,7 +213,8 @@ def load_medusa_heads(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, d
     config = MedusaConfig.from_dict(raw, target)
     shares = f"{PREFIX}0.{config.num_layers}.weight" not in state
     lm_head = target_lm_head(target, Path(target_dir)) if shares else None
-    return build_medusa_heads(config, state, dtype, device, lm_head)
+    vocab_ids = read_draft_vocab(Path(head_dir), config.vocab_size, device)
+    return build_medusa_heads(config, state, dtype, device, lm_head, vocab_ids)
 
 
 def target_lm_head(target: ModelConfig, target_dir: Path) -> torch.Tensor:

@@ -68,7 +68,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "ttt_steps", help="EAGLE: draft steps unrolled in training (1: EAGLE-1; >1: EAGLE-3 training-time test)")
     p.add_argument("--init-from-target", action="store_true", default=_env_flag("init_from_target"),
                    help="EAGLE: start the head's layer from the target's last decoder layer")
-    _flag(p, "draft_vocab", help="EAGLE: prune the draft vocabulary to the N most frequent answer tokens (0: full)")
+    _flag(p, "draft_vocab", help="prune the draft vocabulary to the N most frequent answer tokens (0: full); "
+                                 "Medusa: only the served heads' ranking and the evaluation, not the loss")
     _flag(p, "medusa_heads", help="Medusa heads (default 4)")
     _flag(p, "medusa_layers", help="Medusa residual blocks per head (default 1)")
     p.add_argument("--medusa-lm-head", choices=["own", "shared"], default=_env("medusa_lm_head") or "own",

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
-from tandem.models.eagle_io import head_config_for_target, read_tensors, save_eagle_checkpoint
+from tandem.models.eagle_io import D2T_FILE, head_config_for_target, read_tensors, save_eagle_checkpoint, write_draft_vocab
 from tandem.models.medusa import save_medusa_checkpoint
 from tandem.models.rope import inverse_frequencies, rope_tables
 from tandem.train.config import TrainConfig
@@ -28,7 +27,6 @@ from tandem.train.losses import IGNORE, accepted_lengths, chunked_argmax, linear
 from tandem.train.medusa_heads import MedusaTrainHeads
 
 STEP_DECAY = 0.8  # weight of draft step / head i: 0.8 ** i (Medusa-1's decay, EAGLE-3's TTT weights)
-D2T_FILE = "d2t.safetensors"
 
 
 def target_embeddings(target_dir, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,6 +68,14 @@ def _merge(parts: list[dict]) -> dict:
     return out
 
 
+def frequent_tokens(data: ShardedData, vocab_size: int, n: int) -> torch.Tensor | None:
+    """The target ids of the n most frequent answer tokens, ascending: a pruned draft vocabulary
+    (None when n is 0 or covers the vocabulary)."""
+    if not n or n >= vocab_size:
+        return None
+    return torch.sort(torch.topk(data.answer_token_counts(vocab_size), n).indices).values
+
+
 class EagleMethod:
     name = "eagle"
 
@@ -82,9 +88,8 @@ class EagleMethod:
         cfg = self.cfg
         embed, lm_head = target_embeddings(cfg.head_target_dir, self.dtype)
         d2t = saved.get("d2t") if saved else None
-        if d2t is None and cfg.draft_vocab and cfg.draft_vocab < embed.shape[0]:
-            counts = data.answer_token_counts(embed.shape[0])
-            d2t = torch.sort(torch.topk(counts, cfg.draft_vocab).indices).values
+        if d2t is None:
+            d2t = frequent_tokens(data, embed.shape[0], cfg.draft_vocab)
         if d2t is not None:
             self.head_config["draft_vocab_size"] = len(d2t)
         inv_freq, scaling = inverse_frequencies(cfg.head_target_dir)
@@ -127,11 +132,7 @@ class EagleMethod:
 
     def save(self, head: EagleTrainHead, out_dir) -> None:
         save_eagle_checkpoint(out_dir, self.head_config, head.public_state_dict(), format=self.cfg.save_format)
-        d2t_path = Path(out_dir) / D2T_FILE
-        d2t_path.unlink(missing_ok=True)
-        if head.d2t is not None:  # EAGLE-3's convention: target id = draft id + d2t[draft id]
-            d2t = head.d2t.cpu()
-            save_file({"d2t": d2t - torch.arange(len(d2t)), "t2d": head.t2d.cpu() >= 0}, str(d2t_path))
+        write_draft_vocab(out_dir, head.d2t, head.embed.shape[0])
 
 
 class MedusaMethod:
@@ -140,10 +141,14 @@ class MedusaMethod:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.dtype = getattr(torch, cfg.compute_dtype)
+        # --draft-vocab: the tokens the served heads rank (training's loss keeps the whole
+        # vocabulary; evaluation drafts from these only, as the draft service will).
+        self.vocab_ids: torch.Tensor | None = None
 
     def build(self, data: ShardedData, saved: dict | None) -> MedusaTrainHeads:
         cfg = self.cfg
         _, lm_head = target_embeddings(cfg.head_target_dir, self.dtype)
+        self.vocab_ids = frequent_tokens(data, lm_head.shape[0], cfg.draft_vocab)
         torch.manual_seed(cfg.seed)
         return MedusaTrainHeads(cfg.medusa_heads, cfg.medusa_layers, lm_head, cfg.medusa_lm_head == "own")
 
@@ -177,15 +182,22 @@ class MedusaMethod:
             hidden = heads.hidden(batch.features[anchors].to(self.dtype))
             matches = []
             for i in range(heads.num_heads):
-                drafted = chunked_argmax(hidden[i], heads.head_weight(i))
+                drafted = self._draft(hidden[i], heads.head_weight(i))
                 wanted = shifted(batch.tokens, i + 2, fill=IGNORE)[anchors]
                 matches.append((drafted == wanted) & batch.answer_mask(i + 2)[anchors])
             parts.append(_chain_metrics(matches))
         return _merge(parts)
 
+    def _draft(self, hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
+        """The greedy draft of each row, within the pruned vocabulary when there is one."""
+        if self.vocab_ids is None:
+            return chunked_argmax(hidden, lm_head)
+        return self.vocab_ids[chunked_argmax(hidden, lm_head[self.vocab_ids])]
+
     def save(self, heads: MedusaTrainHeads, out_dir) -> None:
         state = heads.public_state_dict(dtype=self.dtype)  # own lm_heads in the compute dtype: half the size in bf16
         save_medusa_checkpoint(out_dir, heads.public_config(), state, format=self.cfg.save_format)
+        write_draft_vocab(out_dir, self.vocab_ids, heads.head_weight(0).shape[0])
 
 
 DRAFT_METHODS = {"eagle": EagleMethod, "medusa": MedusaMethod}

@@ -121,13 +121,13 @@ def model_card(cfg: TrainConfig, record: dict) -> str:
         arch = (f"EAGLE-1 head (fc over [embed(t_{{i+1}}); f_i] + one decoder layer; the target's embedding "
                 f"and lm_head), loss SmoothL1(features) + {cfg.ce_weight} x CE, {cfg.ttt_steps} draft step(s) "
                 f"unrolled in training{', layer initialised from the target' if cfg.init_from_target else ''}")
-        if cfg.draft_vocab:
-            arch += f"; pruned draft vocabulary of {cfg.draft_vocab} tokens in {D2T_FILE} (EAGLE-3 d2t/t2d)"
         use = "tandem up --draft eagle --draft-model <this folder>"
     else:
         arch = (f"Medusa-1: {cfg.medusa_heads} heads of {cfg.medusa_layers} residual block(s), "
                 f"{cfg.medusa_lm_head} lm_head")
         use = "tandem up --draft medusa --draft-model <this folder>"
+    if cfg.draft_vocab:
+        arch += f"; pruned draft vocabulary of {cfg.draft_vocab} tokens in {D2T_FILE} (EAGLE-3 d2t/t2d)"
     rates = ", ".join(f"{r:.3f}" for r in ev.get("accepted_rate_by_depth", []))
     return f"""# {cfg.method} draft head for {model_name(cfg.head_target_dir)}
 

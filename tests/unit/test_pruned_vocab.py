@@ -1,5 +1,5 @@
-"""An EAGLE head with a pruned draft vocabulary (EAGLE-3's d2t map) scores only its tokens:
-their logits equal the full head's, every other token is at -inf."""
+"""EAGLE and Medusa heads with a pruned draft vocabulary (EAGLE-3's d2t map) score only its
+tokens: their logits equal the full head's, every other token is at -inf."""
 
 import pytest
 import torch
@@ -9,6 +9,7 @@ from tandem.attention.torch_backend import TorchAttention
 from tandem.errors import InvalidArgument
 from tandem.models.eagle import load_eagle_head
 from tandem.models.eagle_io import random_eagle_checkpoint
+from tandem.models.medusa import load_medusa_heads, random_medusa_checkpoint
 from tandem.testing.tiny import build_tiny_model
 
 
@@ -34,3 +35,31 @@ def test_a_d2t_map_out_of_the_vocabulary_is_refused(tmp_path):
     save_file({"d2t": torch.tensor([0, 10**6])}, str(head_dir / "d2t.safetensors"))
     with pytest.raises(InvalidArgument, match="d2t"):
         load_eagle_head(head_dir, target, dtype=torch.float32, backend=TorchAttention())
+
+
+@pytest.mark.parametrize("own_lm_head", [False, True])
+def test_pruned_medusa_heads_score_only_their_vocabulary(tmp_path, own_lm_head):
+    target = build_tiny_model(tmp_path / "tiny", seed=0)
+    head_dir = random_medusa_checkpoint(tmp_path / "medusa", target, num_heads=3, seed=2, own_lm_head=own_lm_head)
+    full = load_medusa_heads(head_dir, target, dtype=torch.float32)
+    keep = torch.tensor([2, 5, 6, 40, 100])
+    save_file({"d2t": keep - torch.arange(5)}, str(head_dir / "d2t.safetensors"))
+    pruned = load_medusa_heads(head_dir, target, dtype=torch.float32)
+    features = torch.randn(4, full.config.hidden_size)
+    for heads in (1, 3):
+        expected, got = full.logits(features, heads), pruned.logits(features, heads)
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got[:, :, keep], expected[:, :, keep])
+        others = torch.ones(full.config.vocab_size, dtype=torch.bool)
+        others[keep] = False
+        assert torch.isneginf(got[:, :, others]).all()
+
+
+def test_a_medusa_d2t_map_out_of_the_vocabulary_is_refused(tmp_path):
+    target = build_tiny_model(tmp_path / "tiny", seed=0)
+    head_dir = random_medusa_checkpoint(tmp_path / "medusa", target, num_heads=2, own_lm_head=False)
+    save_file({"d2t": torch.tensor([3, 3, -2])}, str(head_dir / "d2t.safetensors"))  # ids 3, 4, 0: fine
+    assert load_medusa_heads(head_dir, target, dtype=torch.float32).vocab_ids.tolist() == [3, 4, 0]
+    save_file({"d2t": torch.tensor([1, 0])}, str(head_dir / "d2t.safetensors"))  # ids 1, 1: not one to one
+    with pytest.raises(InvalidArgument, match="d2t"):
+        load_medusa_heads(head_dir, target, dtype=torch.float32)

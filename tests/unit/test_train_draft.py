@@ -185,6 +185,26 @@ def test_quick_medusa_lowers_the_loss_and_writes_heads_that_load(tiny, data_dir,
     assert torch.allclose(heads.logits(x), want, atol=1e-4)
 
 
+def test_medusa_with_a_pruned_vocabulary_drafts_as_its_evaluation_does(tiny, data_dir, tmp_path):
+    """--draft-vocab for Medusa writes the map of the most frequent answer tokens; the loaded heads
+    rank only those, and their top token is the one the trainer's evaluation drafts."""
+    cfg = quick_config(tiny, tmp_path / "run", data_dir, "--method", "medusa", "--medusa-lm-head", "shared",
+                       "--draft-vocab", "50", "--steps", "5")
+    train_quick(cfg)
+    heads = load_medusa_heads(cfg.run_dir / "head", tiny, dtype=torch.float32)
+    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)))
+    counts = data.answer_token_counts(heads.config.vocab_size)
+    assert len(heads.vocab_ids) == 50 and counts[heads.vocab_ids].min() >= counts.sort().values[-50]
+    method = DRAFT_METHODS["medusa"](cfg)
+    module = method.build(data, None)
+    module.load_state_dict(load_checkpoint(cfg.run_dir)["model"])
+    x = torch.randn(7, 64)
+    with torch.no_grad():
+        want = torch.stack([method._draft(h, module.head_weight(i)) for i, h in enumerate(module.hidden(x))], dim=1)
+    assert torch.equal(heads.logits(x).argmax(-1), want)
+    assert set(want.flatten().tolist()) <= set(heads.vocab_ids.tolist())
+
+
 def test_resume_continues_the_step_count_and_the_optimizer_state(eagle_run, tiny, data_dir, tmp_path):
     cfg = quick_config(tiny, tmp_path / "run", data_dir, "--steps", "4")
     train_quick(cfg)
