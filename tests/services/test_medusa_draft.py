@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tandem.models.config import ModelConfig
+from tandem.models.eagle_io import write_draft_vocab
 from tandem.models.medusa import random_medusa_checkpoint, save_medusa_checkpoint
 from tandem.spec.token_tree import SMALL_STATIC_TREE, from_medusa_choices
 from tandem.testing.tiny import TINY_PROMPTS
@@ -177,8 +179,12 @@ def test_every_sequence_leaves_both_services(medusa):
     assert stats.sequences_live == 0
 
 
-def test_random_heads_sharing_the_target_lm_head_load_and_stay_exact(tiny_model, reference, tmp_path):
+@pytest.mark.parametrize("pruned", [False, True])
+def test_random_heads_sharing_the_target_lm_head_load_and_stay_exact(tiny_model, reference, tmp_path, pruned):
+    """pruned: with a d2t map of 64 tokens the served heads still draft, and the output stays the target's."""
     heads = random_medusa_checkpoint(tmp_path / "random", tiny_model, 3, 1, own_lm_head=False)
+    if pruned:
+        write_draft_vocab(heads, torch.arange(0, 128, 2), ModelConfig.from_folder(tiny_model).vocab_size)
     s = start_services(tiny_model, draft_model=heads, draft_method="medusa", draft={"shape": "tree"},
                        router={"spec_draft_length": 3})
     try:
@@ -188,3 +194,4 @@ def test_random_heads_sharing_the_target_lm_head_load_and_stay_exact(tiny_model,
             assert last.usage.draft_tokens > 0
     finally:
         s.stop()
+    assert not pruned or s.draft_engine.head.vocab_ids.tolist() == list(range(0, 128, 2))
