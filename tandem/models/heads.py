@@ -5,9 +5,10 @@ default.
 costs about what one token does, so EAGLE's chains of 4 pay. On a CPU it decodes plainly: here
 (SmolLM2-135M fp32, 2 cores, Intel Xeon) a decode step of one token takes 32 ms of target
 compute and a verify of two 37 ms (the kernels by row count in tandem.models.linear), but the
-head's depth-1 acceptance is about 0.3-0.4 and each step adds the draft's 5 ms and its RPC. So
-the best shapes measured, a chain of 1 and a depth-1 tree of 2 nodes, reached 0.98x and 1.00x
-plain: no gain (`tandem bench --mode shapes`, README Benchmarks). `--draft eagle` or `--draft medusa` without
+head's served depth-1 acceptance is about 0.35-0.45 and each step adds the draft's 5 ms and its
+RPC. So the best shapes measured with head v4, a chain of 1 and a depth-1 tree of 2 nodes, both
+reached 1.01x plain: no gain worth a third process (`tandem bench --mode shapes`, README
+Benchmarks). `--draft eagle` or `--draft medusa` without
 `--draft-model` serve the shipped heads anyway (the demo does, to show speculation at work), in
 the device's shape.
 """
