@@ -50,9 +50,8 @@ class MedusaDraftEngine:
         self.device = torch.device(config.device)
         self.choices = medusa_choices(config, head.num_heads)
         self.topk = max(c[-1] for c in self.choices) + 1
-        vocab = head.config.vocab_size if head.vocab_ids is None else len(head.vocab_ids)  # a pruned one's
-        if self.topk > vocab:
-            raise InvalidArgument(f"medusa_choices use rank {self.topk - 1}, beyond the draft vocabulary of {vocab}")
+        if self.topk > head.draft_vocab_size:
+            raise InvalidArgument(f"medusa_choices use rank {self.topk - 1}, beyond the draft vocabulary of {head.draft_vocab_size}")
         self._pruned: dict[int, tuple[Choice, ...]] = {}  # depth -> choices no deeper
         self._seqs: dict[int, _Seq] = {}
         self._lock = threading.Lock()
@@ -151,7 +150,7 @@ class MedusaDraftEngine:
             return tokens, parents
         states = [self._seqs[s.seq_id].sampler for s in ready]
         depths = [min(s.num_tokens, self.head.num_heads) for s in ready]
-        heads = max(len(c) for depth in set(depths) for c in self._within(depth))  # the deepest tree's
+        heads = max(len(c) for c in self._within(max(depths)))  # the deepest tree's
         top = self._top_tokens(torch.stack([self._seqs[s.seq_id].hidden for s in ready]), states, heads)
         for row, (s, depth) in enumerate(zip(ready, depths)):
             tree = from_medusa_choices(self._within(depth), top[row], root_token=self._seqs[s.seq_id].token)

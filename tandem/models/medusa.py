@@ -92,7 +92,8 @@ class MedusaHeads:
         vocab_ids: torch.Tensor | None = None,  # [V'] int64: the pruned vocabulary's target ids
     ):
         h, n, d = config.num_heads, config.num_layers, config.hidden_size
-        v = config.vocab_size if vocab_ids is None else len(vocab_ids)
+        self.vocab_ids = vocab_ids
+        v = self.draft_vocab_size
         assert blocks.shape == (h, n, d, d) and biases.shape == (h, n, d), (blocks.shape, biases.shape)
         assert (lm_heads is None) != (shared_lm_head is None), "exactly one of lm_heads, shared_lm_head"
         assert lm_heads is None or lm_heads.shape == (h, d, v), lm_heads.shape
@@ -100,12 +101,16 @@ class MedusaHeads:
         self.config = config
         self.blocks, self.biases = blocks, biases
         self.lm_heads, self.shared_lm_head = lm_heads, shared_lm_head
-        self.vocab_ids = vocab_ids
         self.dtype = blocks.dtype
 
     @property
     def num_heads(self) -> int:
         return self.config.num_heads
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """The tokens the heads rank: the pruned vocabulary's, else the target's."""
+        return self.config.vocab_size if self.vocab_ids is None else len(self.vocab_ids)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
