@@ -92,13 +92,12 @@ class MedusaHeads:
         vocab_ids: torch.Tensor | None = None,  # [V'] int64: the pruned vocabulary's target ids
     ):
         h, n, d = config.num_heads, config.num_layers, config.hidden_size
-        self.vocab_ids = vocab_ids
+        self.config, self.vocab_ids = config, vocab_ids
         v = self.draft_vocab_size
         assert blocks.shape == (h, n, d, d) and biases.shape == (h, n, d), (blocks.shape, biases.shape)
         assert (lm_heads is None) != (shared_lm_head is None), "exactly one of lm_heads, shared_lm_head"
         assert lm_heads is None or lm_heads.shape == (h, d, v), lm_heads.shape
         assert shared_lm_head is None or shared_lm_head.weight.shape == (v, d), shared_lm_head.weight.shape
-        self.config = config
         self.blocks, self.biases = blocks, biases
         self.lm_heads, self.shared_lm_head = lm_heads, shared_lm_head
         self.dtype = blocks.dtype
