@@ -62,12 +62,12 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
 
 
 @torch.no_grad()
-def chunked_argmax(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """hidden [T, D], weight [V, D] -> argmax row of hidden @ weight.T, [T] int64."""
-    out = torch.empty(hidden.shape[0], dtype=torch.long)
+def chunked_topk(hidden: torch.Tensor, weight: torch.Tensor, k: int) -> torch.Tensor:
+    """hidden [T, D], weight [V, D] -> the k best rows of hidden @ weight.T, best first, [T, k] int64."""
+    out = torch.empty(hidden.shape[0], k, dtype=torch.long)
     w = weight.to(hidden.dtype)
     for start in range(0, hidden.shape[0], CHUNK_ROWS):
-        out[start : start + CHUNK_ROWS] = (hidden[start : start + CHUNK_ROWS] @ w.T).argmax(-1)
+        out[start : start + CHUNK_ROWS] = (hidden[start : start + CHUNK_ROWS] @ w.T).topk(k, dim=-1).indices
     return out
 
 

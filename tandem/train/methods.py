@@ -2,13 +2,14 @@
 
     build(cfg, data, saved_state) -> nn.Module   the trainable head(s), from the target's tensors
     loss(module, batch) -> (loss, metrics)        teacher-forced, on the target's answer tokens
-    evaluate(module, batches) -> metrics          held-out top-1 and greedy-chain accepted length
+    evaluate(module, batches) -> metrics          held-out top-1, greedy-chain and top-k tree accepted length
     save(module, out_dir)                         the public checkpoint format tandem loads
 
 Words: anchor (n, i) = a position whose next token t_{i+1} is an answer token the target has
 emitted (the pending token at serve time); a greedy chain from it drafts t_{i+2}, t_{i+3}, ...;
 its accepted length is 1 (the target's own token) + the drafts equal to the target's tokens
-before the first that is not.
+before the first that is not. A full top-k tree of the same depth (every node's k best children)
+accepts down to the first depth whose target token is not among the draft's k best there.
 """
 
 import json
@@ -23,10 +24,11 @@ from tandem.models.rope import inverse_frequencies, rope_tables
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import Batch, ShardedData
 from tandem.train.eagle_head import EagleTrainHead, init_from_target_layer
-from tandem.train.losses import IGNORE, accepted_lengths, chunked_argmax, linear_cross_entropy, shifted
+from tandem.train.losses import IGNORE, accepted_lengths, chunked_topk, linear_cross_entropy, shifted
 from tandem.train.medusa_heads import MedusaTrainHeads
 
 STEP_DECAY = 0.8  # weight of draft step / head i: 0.8 ** i (Medusa-1's decay, EAGLE-3's TTT weights)
+TREE_WIDTHS = (2, 3)  # the full top-k trees evaluated next to the greedy chains
 
 
 def target_embeddings(target_dir, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,25 +48,51 @@ def target_last_layer(target_dir: Path) -> dict[str, torch.Tensor]:
     return {n: found[prefix + n] for n in names}
 
 
-def _chain_metrics(matches: list[torch.Tensor]) -> dict:
-    """matches: per draft depth, [A] bool over the same anchors."""
-    stacked = torch.stack(matches)
-    lengths = accepted_lengths(stacked, torch.ones(stacked.shape[1], dtype=torch.bool))
-    reached = torch.cumprod(stacked.long(), dim=0).float().mean(1)
-    return {"anchors": int(stacked.shape[1]), "heldout_top1": float(stacked[0].float().mean()),
-            "mean_accepted_length": float(lengths.float().mean()), "chain_length": len(matches),
-            "accepted_rate_by_depth": [round(float(r), 4) for r in reached]}
+def draft_ranks(top: torch.Tensor, wanted: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """top [A, K] the draft's best ids, wanted [A] the target's tokens, valid [A] where wanted is an
+    answer token -> [A] the rank of wanted among top (K: absent, or not an answer token)."""
+    hit = (top == wanted[:, None]) & valid[:, None]
+    return torch.where(hit.any(1), hit.long().argmax(1), top.shape[1])
+
+
+def _chain_metrics(ranks: list[torch.Tensor]) -> dict:
+    """ranks: per draft depth, [A] the target token's rank among the draft's best, same anchors."""
+    stacked = torch.stack(ranks)
+    every = torch.ones(stacked.shape[1], dtype=torch.bool)
+    chain = stacked == 0
+    reached = torch.cumprod(chain.long(), dim=0).float().mean(1)
+    return {"anchors": int(stacked.shape[1]), "heldout_top1": float(chain[0].float().mean()),
+            "mean_accepted_length": float(accepted_lengths(chain, every).float().mean()), "chain_length": len(ranks),
+            "accepted_rate_by_depth": [round(float(r), 4) for r in reached],
+            "tree_accepted_length": {f"top{k}": float(accepted_lengths(stacked < k, every).float().mean())
+                                     for k in TREE_WIDTHS},
+            "tree_nodes": {f"top{k}": sum(k**d for d in range(1, len(ranks) + 1)) for k in TREE_WIDTHS}}
+
+
+def describe_trees(metrics: dict) -> str:
+    """'top-2 / top-3 trees (30 / 120 nodes) 2.105 / 2.312', or '' for metrics without trees."""
+    trees = metrics.get("tree_accepted_length")
+    if not trees:
+        return ""
+    widths = " / ".join(k.replace("top", "top-") for k in trees)
+    nodes = " / ".join(str(metrics["tree_nodes"][k]) for k in trees)
+    return f"{widths} trees ({nodes} nodes) {' / '.join(f'{v:.3f}' for v in trees.values())}"
 
 
 def _merge(parts: list[dict]) -> dict:
     """Anchor-weighted mean of per-batch chain metrics."""
     total = sum(p["anchors"] for p in parts)
-    out = {"anchors": total, "chain_length": parts[0]["chain_length"]}
+
+    def mean(value) -> float:
+        return sum(value(p) * p["anchors"] for p in parts) / max(total, 1)
+
+    first = parts[0]
+    out = {"anchors": total, "chain_length": first["chain_length"], "tree_nodes": first["tree_nodes"]}
     for key in ("heldout_top1", "mean_accepted_length"):
-        out[key] = sum(p[key] * p["anchors"] for p in parts) / max(total, 1)
-    depth = len(parts[0]["accepted_rate_by_depth"])
-    out["accepted_rate_by_depth"] = [
-        round(sum(p["accepted_rate_by_depth"][d] * p["anchors"] for p in parts) / max(total, 1), 4) for d in range(depth)]
+        out[key] = mean(lambda p: p[key])
+    out["accepted_rate_by_depth"] = [round(mean(lambda p: p["accepted_rate_by_depth"][d]), 4)
+                                     for d in range(len(first["accepted_rate_by_depth"]))]
+    out["tree_accepted_length"] = {k: mean(lambda p: p["tree_accepted_length"][k]) for k in first["tree_accepted_length"]}
     return out
 
 
@@ -122,12 +150,12 @@ class EagleMethod:
         parts = []
         for batch in batches:
             anchors = batch.answer_mask(1) & batch.answer_mask(2)
-            matches = []
+            ranks = []
             for s, predicted in enumerate(head.unroll(batch.tokens, batch.features, self.cfg.eval_chain)):
-                drafted = head.to_target_ids(chunked_argmax(predicted[anchors], head.lm_head))
+                top = head.to_target_ids(chunked_topk(predicted[anchors], head.lm_head, max(TREE_WIDTHS)))
                 wanted = shifted(batch.tokens, s + 2, fill=IGNORE)[anchors]
-                matches.append((drafted == wanted) & batch.answer_mask(s + 2)[anchors])
-            parts.append(_chain_metrics(matches))
+                ranks.append(draft_ranks(top, wanted, batch.answer_mask(s + 2)[anchors]))
+            parts.append(_chain_metrics(ranks))
         return _merge(parts)
 
     def save(self, head: EagleTrainHead, out_dir) -> None:
@@ -180,19 +208,20 @@ class MedusaMethod:
         for batch in batches:
             anchors = batch.answer_mask(1) & batch.answer_mask(2)
             hidden = heads.hidden(batch.features[anchors].to(self.dtype))
-            matches = []
+            ranks = []
             for i in range(heads.num_heads):
-                drafted = self._draft(hidden[i], heads.head_weight(i))
+                top = self._draft(hidden[i], heads.head_weight(i))
                 wanted = shifted(batch.tokens, i + 2, fill=IGNORE)[anchors]
-                matches.append((drafted == wanted) & batch.answer_mask(i + 2)[anchors])
-            parts.append(_chain_metrics(matches))
+                ranks.append(draft_ranks(top, wanted, batch.answer_mask(i + 2)[anchors]))
+            parts.append(_chain_metrics(ranks))
         return _merge(parts)
 
     def _draft(self, hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
-        """The greedy draft of each row, within the pruned vocabulary when there is one."""
+        """The best drafts of each row, [T, max(TREE_WIDTHS)], within the pruned vocabulary when there is one."""
+        k = max(TREE_WIDTHS)
         if self.vocab_ids is None:
-            return chunked_argmax(hidden, lm_head)
-        return self.vocab_ids[chunked_argmax(hidden, lm_head[self.vocab_ids])]
+            return chunked_topk(hidden, lm_head, k)
+        return self.vocab_ids[chunked_topk(hidden, lm_head[self.vocab_ids], k)]
 
     def save(self, heads: MedusaTrainHeads, out_dir) -> None:
         state = heads.public_state_dict(dtype=self.dtype)  # own lm_heads in the compute dtype: half the size in bf16

@@ -21,7 +21,7 @@ from tandem.errors import InvalidArgument
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import ShardedData, eval_batches
 from tandem.train.loop import autocast, load_checkpoint, train
-from tandem.train.methods import D2T_FILE, DRAFT_METHODS
+from tandem.train.methods import D2T_FILE, DRAFT_METHODS, describe_trees
 from tandem.train.mtbench_eval import evaluate_on_mtbench
 from tandem.train.selfdistill import model_name, prepare_data
 
@@ -67,7 +67,8 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     with autocast(getattr(torch, cfg.compute_dtype)):
         evaluation = method.evaluate(module, eval_batches(heldout, cfg.batch_size))
     log(f"held-out: top-1 {evaluation['heldout_top1']:.3f}, mean accepted length "
-        f"{evaluation['mean_accepted_length']:.3f} (greedy chains of {evaluation['chain_length']})")
+        f"{evaluation['mean_accepted_length']:.3f} (greedy chains of {evaluation['chain_length']}); "
+        f"{describe_trees(evaluation)}")
     if cfg.eval_mtbench:
         evaluation["mtbench"] = evaluate_on_mtbench(cfg, method, module, home, cfg.eval_mtbench, log)
     sitting["eval_seconds"] = round(time.monotonic() - eval_started, 1)
@@ -141,7 +142,8 @@ Trained by `tandem train-draft --method {cfg.method}` (self-distillation). Statu
 - Held-out ({data.get('heldout_sequences', 0)} sequences, {ev.get('anchors', 0)} anchors): depth-1 top-1
   {ev.get('heldout_top1', float('nan')):.3f}; mean accepted length of greedy chains of {ev.get('chain_length', '?')}
   {ev.get('mean_accepted_length', float('nan')):.3f} (tokens per verify step, the target's own included;
-  teacher-forced on the target's greedy answers); chain reaches depth 1..k: {rates}.{_mtbench_line(ev)}
+  teacher-forced on the target's greedy answers); chain reaches depth 1..k: {rates}; full
+  {describe_trees(ev)}.{_mtbench_line(ev)}
 
 Use: `{use}`. Details: training.json.
 """
@@ -149,7 +151,7 @@ Use: `{use}`. Details: training.json.
 
 def _mtbench_line(ev: dict) -> str:
     parts = [f"{dtype} target: top-1 {m['heldout_top1']:.3f}, mean accepted length {m['mean_accepted_length']:.3f}, "
-             f"depth 1..k {', '.join(f'{r:.3f}' for r in m['accepted_rate_by_depth'])}"
+             f"depth 1..k {', '.join(f'{r:.3f}' for r in m['accepted_rate_by_depth'])}, {describe_trees(m)}"
              for dtype, m in ev.get("mtbench", {}).items()]
     if not parts:
         return ""

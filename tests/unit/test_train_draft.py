@@ -26,7 +26,7 @@ from tandem.train.cli_args import config_from_args
 from tandem.train.dataset import ShardedData
 from tandem.train.loop import load_checkpoint
 from tandem.train.losses import IGNORE, linear_cross_entropy
-from tandem.train.methods import D2T_FILE, DRAFT_METHODS
+from tandem.train.methods import D2T_FILE, DRAFT_METHODS, _chain_metrics, _merge, draft_ranks
 from tandem.train.run import run_train_draft
 from tandem.train.selfdistill import eos_ids, greedy_batch, render_prompt
 from tandem.train.sharegpt import first_user_turns, iter_complete_objects
@@ -104,6 +104,19 @@ def test_linear_cross_entropy_matches_torch():
     assert torch.allclose(got[0], hidden.grad, atol=1e-6) and torch.allclose(got[1], weight.grad, atol=1e-6)
 
 
+def test_tree_acceptance_counts_target_tokens_within_the_drafts_top_k():
+    top = torch.tensor([[5, 6, 7], [5, 6, 7], [5, 6, 7], [5, 6, 7]])
+    first = draft_ranks(top, torch.tensor([5, 6, 7, 8]), torch.ones(4, dtype=torch.bool))
+    second = draft_ranks(top, torch.tensor([6, 5, 5, 5]), torch.tensor([True, False, True, True]))
+    assert first.tolist() == [0, 1, 2, 3] and second.tolist() == [1, 3, 0, 0]  # 3: absent or not an answer token
+    got = _chain_metrics([first, second])
+    assert got["mean_accepted_length"] == (2 + 1 + 1 + 1) / 4 and got["accepted_rate_by_depth"] == [0.25, 0.0]
+    assert got["tree_accepted_length"] == {"top2": (3 + 2 + 1 + 1) / 4, "top3": (3 + 2 + 3 + 1) / 4}
+    assert got["tree_nodes"] == {"top2": 2 + 4, "top3": 3 + 9}
+    halves = _merge([_chain_metrics([first[:1], second[:1]]), _chain_metrics([first[1:], second[1:]])])
+    assert halves["tree_accepted_length"] == pytest.approx(got["tree_accepted_length"]) and halves["anchors"] == 4
+
+
 def test_batched_greedy_answers_equal_generate(tiny):
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny)
@@ -123,7 +136,9 @@ def test_quick_eagle_lowers_the_loss_and_writes_a_head_that_loads(eagle_run, tin
     head = load_eagle_head(cfg.run_dir / "head", tiny, dtype=torch.float32, backend=TorchAttention())
     assert head.fc.weight.shape == (64, 128)
     written = json.loads((cfg.run_dir / "head" / "training.json").read_text())
-    assert 0 <= written["evaluation"]["heldout_top1"] <= 1 and written["evaluation"]["mean_accepted_length"] >= 1
+    ev = written["evaluation"]
+    assert 0 <= ev["heldout_top1"] <= 1 and ev["mean_accepted_length"] >= 1
+    assert ev["tree_accepted_length"]["top3"] >= ev["tree_accepted_length"]["top2"] >= ev["mean_accepted_length"]
     assert (cfg.run_dir / "head" / "README.md").read_text().startswith("# eagle draft head")
 
 
@@ -187,7 +202,7 @@ def test_quick_medusa_lowers_the_loss_and_writes_heads_that_load(tiny, data_dir,
 
 def test_medusa_with_a_pruned_vocabulary_drafts_as_its_evaluation_does(tiny, data_dir, tmp_path):
     """--draft-vocab for Medusa writes the map of the most frequent answer tokens; the loaded heads
-    rank only those, and their top token is the one the trainer's evaluation drafts."""
+    rank only those, and their best tokens are the ones the trainer's evaluation drafts."""
     cfg = quick_config(tiny, tmp_path / "run", data_dir, "--method", "medusa", "--medusa-lm-head", "shared",
                        "--draft-vocab", "50", "--steps", "5")
     train_quick(cfg)
@@ -201,7 +216,7 @@ def test_medusa_with_a_pruned_vocabulary_drafts_as_its_evaluation_does(tiny, dat
     x = torch.randn(7, 64)
     with torch.no_grad():
         want = torch.stack([method._draft(h, module.head_weight(i)) for i, h in enumerate(module.hidden(x))], dim=1)
-    assert torch.equal(heads.logits(x).argmax(-1), want)
+    assert torch.equal(heads.logits(x).topk(want.shape[-1], dim=-1).indices, want)
     assert set(want.flatten().tolist()) <= set(heads.vocab_ids.tolist())
 
 
