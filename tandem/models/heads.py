@@ -1,16 +1,21 @@
 """The draft heads shipped in the repository's heads/ folder, and what `tandem up` serves by
 default.
 
-`--draft auto` drafts with the shipped EAGLE head on GPUs, where a verify pass of k + 1 tokens
-costs about what one token does, so EAGLE's chains of 4 pay. On a CPU it decodes plainly: here
-(SmolLM2-135M fp32, 2 cores, Intel Xeon) a decode step of one token takes 32 ms of target
-compute and a verify of two 37 ms (the kernels by row count in tandem.models.linear), but the
-head's served depth-1 acceptance is about 0.35-0.45 and each step adds the draft's 5 ms and its
-RPC. So the best shapes measured with head v4, a chain of 1 and a depth-1 tree of 2 nodes, both
-reached 1.01x plain: no gain worth a third process (`tandem bench --mode shapes`, README
-Benchmarks). `--draft eagle` or `--draft medusa` without
-`--draft-model` serve the shipped heads anyway (the demo does, to show speculation at work), in
-the device's shape.
+`--draft auto` drafts with the shipped EAGLE head on GPUs, where a verify pass of a few dozen
+tokens costs about what one token does, in an EAGLE-2 dynamic tree of depth 4 that keeps the 30
+most probable nodes of each frontier node's top-8 children. Served on the first 10 MT-bench
+questions x 96 tokens (head v4, fp32 target; `tandem bench --mode shapes`, README Benchmarks),
+that tree accepts 1.98 tokens per verify greedy and 1.55 at temperature 1, against 1.46 and
+1.45 for a chain of 4 (a 16-node top-4 tree: 1.77 and 1.41). Both take 4 draft rounds a step;
+the tree's are wider. Its cost on a GPU has not been measured here.
+
+On a CPU it decodes plainly: here (SmolLM2-135M fp32, 2 cores, Intel Xeon) a decode step of one
+token takes 32 ms of target compute and a verify of two 37 ms (the kernels by row count in
+tandem.models.linear), but the head's served depth-1 acceptance is about 0.35-0.45 and each step
+adds the draft's 5 ms and its RPC. So the best shapes measured with head v4, a chain of 1 and a
+depth-1 tree of 2 nodes, both reached 1.01x plain: no gain worth a third process. `--draft eagle`
+or `--draft medusa` without `--draft-model` serve the shipped heads anyway (the demo does, to show
+speculation at work), in the device's shape.
 """
 
 from dataclasses import dataclass
@@ -30,7 +35,7 @@ class DraftShape:
 
 
 CPU_SHAPE = DraftShape("chain", k=1)
-GPU_SHAPE = DraftShape("chain", k=4)
+GPU_SHAPE = DraftShape("tree", k=4, tree_top_k=8, tree_node_budget=30)
 SHIPPED = {"eagle": EAGLE_HEAD, "medusa": MEDUSA_HEAD}
 
 

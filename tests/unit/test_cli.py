@@ -40,7 +40,8 @@ def test_up_auto_drafts_with_the_shipped_eagle_head_on_gpus_and_decodes_plainly_
     from tandem.models.heads import EAGLE_HEAD
 
     gpu = _up("--device", "cuda", monkeypatch=monkeypatch)
-    assert (gpu.draft, gpu.draft_model, gpu.shape, gpu.spec_draft_length) == ("eagle", EAGLE_HEAD, "chain", 4)
+    assert (gpu.draft, gpu.draft_model, gpu.shape, gpu.spec_draft_length) == ("eagle", EAGLE_HEAD, "tree", 4)
+    assert (gpu.tree_top_k, gpu.tree_node_budget) == (8, 30)
     assert (EAGLE_HEAD / "config.json").is_file()
     cpu = _up(monkeypatch=monkeypatch)
     assert cpu.draft == "none" and cpu.spec_draft_length == 1
