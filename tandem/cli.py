@@ -3,6 +3,7 @@ bench, train-draft. Flags fall back to TANDEM_* environment variables; configs a
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -195,8 +196,15 @@ def cmd_bench(args) -> int:
     from tandem.bench.shapes import run_shapes_bench
     from tandem.bench.spec import run_spec_bench
 
+    # A `kill` or a CI timeout sends SIGTERM, which Python's default ends the process on at once;
+    # as SystemExit it unwinds the benches' context managers, which stop the services they started.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     modes = {"prefix": run_prefix_bench, "spec": run_spec_bench, "shapes": run_shapes_bench}
     return modes.get(args.mode, run_bench)(args)
+
+
+def _exit_on_sigterm(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def build_parser() -> argparse.ArgumentParser:
