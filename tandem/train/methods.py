@@ -70,13 +70,13 @@ def _chain_metrics(ranks: list[torch.Tensor]) -> dict:
 
 
 def describe_trees(metrics: dict) -> str:
-    """'top-2 / top-3 trees (30 / 120 nodes) 2.105 / 2.312', or '' for metrics without trees."""
+    """'full top-2 / top-3 trees (30 / 120 nodes) 2.105 / 2.312', or '' for metrics without trees."""
     trees = metrics.get("tree_accepted_length")
     if not trees:
         return ""
     widths = " / ".join(k.replace("top", "top-") for k in trees)
     nodes = " / ".join(str(metrics["tree_nodes"][k]) for k in trees)
-    return f"{widths} trees ({nodes} nodes) {' / '.join(f'{v:.3f}' for v in trees.values())}"
+    return f"full {widths} trees ({nodes} nodes) {' / '.join(f'{v:.3f}' for v in trees.values())}"
 
 
 def _merge(parts: list[dict]) -> dict:

@@ -142,8 +142,8 @@ Trained by `tandem train-draft --method {cfg.method}` (self-distillation). Statu
 - Held-out ({data.get('heldout_sequences', 0)} sequences, {ev.get('anchors', 0)} anchors): depth-1 top-1
   {ev.get('heldout_top1', float('nan')):.3f}; mean accepted length of greedy chains of {ev.get('chain_length', '?')}
   {ev.get('mean_accepted_length', float('nan')):.3f} (tokens per verify step, the target's own included;
-  teacher-forced on the target's greedy answers); chain reaches depth 1..k: {rates}; full
-  {describe_trees(ev)}.{_mtbench_line(ev)}
+  teacher-forced on the target's greedy answers); chain reaches depth 1..k: {rates};
+  {describe_trees(ev) or 'no trees evaluated'}.{_mtbench_line(ev)}
 
 Use: `{use}`. Details: training.json.
 """
