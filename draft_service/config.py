@@ -28,6 +28,12 @@ class DraftConfig:
     # their top_k children per depth, keep the node_budget most probable nodes.
     tree_top_k: int = 4
     tree_node_budget: int = 16
+    # Sampled requests: the draft proposes from its own top proposal_top_k tokens (within the
+    # request's top-k/p), renormalised; 0: the request's whole distribution. Any proposal is
+    # lossless, as the target verifies with the one the drafts came from; a short one is what
+    # travels to the target (sparse rows instead of [V] floats per draft token) and, measured on
+    # the shipped EAGLE head at temperature 1, accepts no less (top-64: 0.476 against 0.475).
+    proposal_top_k: int = 64
     # Medusa trees: a preset name of tandem.spec.token_tree or a JSON list of rank tuples.
     medusa_choices: str = ""
     # Prometheus /metrics over HTTP on this port, on `host` (0: off).
@@ -38,5 +44,7 @@ class DraftConfig:
             raise InvalidArgument(f"shape must be 'chain' or 'tree', got {self.shape!r}")
         if self.tree_top_k <= 0 or self.tree_node_budget <= 0:
             raise InvalidArgument("tree_top_k and tree_node_budget must be positive")
+        if self.proposal_top_k < 0:
+            raise InvalidArgument(f"proposal_top_k must be >= 0 (0: off), got {self.proposal_top_k}")
         if self.kv_cache_tokens < self.kv_page_size or self.kv_page_size <= 0:
             raise InvalidArgument(f"kv_cache_tokens ({self.kv_cache_tokens}) must hold a page ({self.kv_page_size})")

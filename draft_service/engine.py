@@ -89,13 +89,13 @@ class DraftEngine:
                 self._apply(op)
             self.peer.retain(set(self._seqs))
             span.add_event("start draft")
-            tokens, parents = self._draft(request, span) if request.seqs else ({}, None)
+            tokens, parents, sampled = self._draft(request, span) if request.seqs else ({}, None, frozenset())
             span.add_event("finish draft")
             self._steps += 1
             seconds = time.perf_counter() - started
             if request.seqs:  # a call of sequence ops only drafts nothing: not a step's time
                 self.figures.record_step(seconds, proposed=sum(len(t) for t in tokens.values()))
-            return DraftResult(request.draft_step_id, tokens, seconds * 1e3, parents)
+            return DraftResult(request.draft_step_id, tokens, seconds * 1e3, parents, sampled)
 
     def _apply(self, op) -> None:
         if isinstance(op, AddSequence):
@@ -146,8 +146,9 @@ class DraftEngine:
             seq.settled = (pairs[0][-1], self._forward([(seq_id, pairs[0], pairs[1])])[0])
         return seq
 
-    def _draft(self, request: DraftRequest, span: Span = INVALID_SPAN) -> tuple[dict[int, tuple[int, ...]], dict | None]:
-        """Returns (tokens, parents): seq_id -> drafts, and for trees seq_id -> their parents."""
+    def _draft(self, request: DraftRequest, span: Span = INVALID_SPAN) -> tuple[dict, dict | None, frozenset]:
+        """Returns (tokens, parents, sampled): seq_id -> drafts, for trees seq_id -> their
+        parents, and the sequences whose tree children were sampled."""
         self._reserved = 0
         for s in request.seqs:
             if s.seq_id not in self._seqs:
@@ -175,12 +176,13 @@ class DraftEngine:
         k = {s.seq_id: s.num_tokens for s in request.seqs}
         if self.config.shape == "tree":
             parents = dict(tokens)
-            for s, tree in self._trees(start, k).items():
+            trees = self._trees(start, k, request.draft_step_id)
+            for s, tree in trees.items():
                 tokens[s], parents[s] = tree.tokens[1:], tree.parents[1:]
-            return tokens, parents
+            return tokens, parents, frozenset(s for s in trees if not self._seqs[s].sampler.params.greedy)
         if start:
             tokens.update(self._chains({s: f for s, (_, f) in start.items()}, k, request.draft_step_id))
-        return tokens, None
+        return tokens, None, frozenset()
 
     def _prefill_span(self, target_step: int, draft_span: Span, ready: dict) -> Span:
         """The prefill on the target's hidden states: the child of the target's span of the
@@ -210,13 +212,17 @@ class DraftEngine:
         self._reserved += needed
         return True
 
-    def _trees(self, start: dict, k: dict[int, int]) -> dict:
-        """start: seq_id -> (pending token, predicted feature [D]); returns seq_id -> TokenTree."""
+    def _trees(self, start: dict, k: dict[int, int], draft_step_id: int) -> dict:
+        """start: seq_id -> (pending token, predicted feature [D]); returns seq_id -> TokenTree.
+        The proposals of sampled trees go to the target, one row per node."""
         roots = {s: TreeRoot(t, f, self.allocator.length(s) - 1, k[s]) for s, (t, f) in start.items()}
         states = {s: self._seqs[s].sampler for s in start}
         grown = grow_trees(roots, self.head, states, self._forward_nodes,
                            top_k=self.config.tree_top_k, node_budget=self.config.tree_node_budget)
-        return {s: dynamic.tree for s, dynamic in grown.items()}
+        sampled = {s: t.probs for s, t in grown.items() if t.probs is not None}
+        if sampled:
+            self.peer.send_probs(DraftProbs(draft_step_id, sampled))
+        return {s: t.grown.tree for s, t in grown.items()}
 
     def _chains(self, start: dict, k: dict[int, int], draft_step_id: int) -> dict[int, tuple[int, ...]]:
         """start: seq_id -> the predicted feature [D] of its last real pair."""

@@ -14,7 +14,9 @@ from collections.abc import Sequence
 def fit_draft(
     tokens: Sequence[int], parents: Sequence[int], cap: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Returns (tokens, parents) trimmed to `cap` nodes, or None when the draft is malformed."""
+    """Returns (tokens, parents) trimmed to `cap` nodes, or None when the draft is malformed.
+    Trimming keeps a prefix of the nodes: the node numbers the draft's streamed distributions
+    index stay valid, and each node keeps the first of its sampled children (lossless)."""
     if parents and not _valid_tree(tokens, parents):
         return None
     cap = max(cap, 0)

@@ -155,7 +155,8 @@ class Speculator:
         unserved = [s for e, s in wanted if e.seq_id not in fitted]  # no hidden states, or a bad draft
         entries = tuple(
             dataclasses.replace(e, token_ids=e.token_ids + fitted[e.seq_id][0],
-                                num_draft_tokens=len(fitted[e.seq_id][0]), tree_parents=fitted[e.seq_id][1])
+                                num_draft_tokens=len(fitted[e.seq_id][0]), tree_parents=fitted[e.seq_id][1],
+                                sampled_tree=bool(fitted[e.seq_id][1]) and e.seq_id in result.sampled_trees)
             if e.seq_id in fitted else e
             for e in plan.entries
         )

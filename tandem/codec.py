@@ -103,6 +103,7 @@ def step_request_to_pb(r: StepRequest) -> pb.StepRequest:
         pb.StepEntry(
             seq_id=e.seq_id, kind=e.kind.value, token_ids=e.token_ids, sample=e.sample,
             num_draft_tokens=e.num_draft_tokens, emit_hidden=e.emit_hidden, tree_parents=e.tree_parents,
+            sampled_tree=e.sampled_tree,
         )
         for e in r.entries
     ]
@@ -113,7 +114,7 @@ def step_request_to_pb(r: StepRequest) -> pb.StepRequest:
 def step_request_from_pb(m: pb.StepRequest) -> StepRequest:
     entries = tuple(
         StepEntry(e.seq_id, EntryKind(e.kind), tuple(e.token_ids), e.sample, e.num_draft_tokens, e.emit_hidden,
-                  tuple(e.tree_parents))
+                  tuple(e.tree_parents), e.sampled_tree)
         for e in m.entries
     )
     ops = tuple(op_from_pb(o) for o in m.ops)
@@ -209,14 +210,16 @@ def draft_request_from_pb(m: pb.DraftRequest) -> DraftRequest:
 
 def draft_result_to_pb(r: DraftResult) -> pb.DraftResponse:
     parents = r.parents or {}
-    seqs = [pb.DraftTokens(seq_id=s, token_ids=t, parents=parents.get(s, ())) for s, t in r.tokens.items()]
+    seqs = [pb.DraftTokens(seq_id=s, token_ids=t, parents=parents.get(s, ()), sampled_tree=s in r.sampled_trees)
+            for s, t in r.tokens.items()]
     return pb.DraftResponse(draft_step_id=r.draft_step_id, seqs=seqs, compute_ms=r.compute_ms)
 
 
 def draft_result_from_pb(m: pb.DraftResponse) -> DraftResult:
     tokens = {s.seq_id: tuple(s.token_ids) for s in m.seqs}
     parents = {s.seq_id: tuple(s.parents) for s in m.seqs if s.parents}
-    return DraftResult(m.draft_step_id, tokens, m.compute_ms, parents)
+    sampled = frozenset(s.seq_id for s in m.seqs if s.sampled_tree)
+    return DraftResult(m.draft_step_id, tokens, m.compute_ms, parents, sampled)
 
 
 # -- the peer stream --------------------------------------------------------------------------

@@ -57,6 +57,8 @@ class StepEntry:
     emit_hidden: bool = False  # stream accepted positions' hidden states to the draft peer
     # A token tree: the parent node of each draft (node 0 = the first token); () = a chain.
     tree_parents: tuple[int, ...] = ()
+    # The tree's children were sampled from distributions the draft streams (else: top-k).
+    sampled_tree: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,3 +154,4 @@ class DraftResult:
     tokens: dict  # seq_id -> tuple of draft token ids (empty: no draft for that sequence)
     compute_ms: float = 0.0
     parents: dict | None = None  # seq_id -> tree parents of its drafts (absent or (): a chain)
+    sampled_trees: frozenset = frozenset()  # seq_ids whose tree children were sampled

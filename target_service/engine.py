@@ -4,6 +4,7 @@ One step = the router's sequence ops, then one forward pass over the new tokens 
 (prefill chunks and decode tokens packed together), then sampling for the entries that ask.
 """
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -37,11 +38,13 @@ from tandem.sampling.params import SamplingParams
 from tandem.sampling.sampler import sample
 from tandem.peer import HiddenPairs, HiddenStep, TargetPeer
 from tandem.sampling.state import SamplingState
-from tandem.sampling.tree_verify import verify_tree
+from tandem.sampling.tree_verify import fits_sampled_tree, verify_tree
 from tandem.sampling.verify import verify_chain
 from tandem.spec.token_tree import TokenTree
 from tandem.telemetry.tracing import carrier, step_phases
 from target_service.config import TargetConfig
+
+log = logging.getLogger(__name__)
 
 
 class TargetEngine:
@@ -247,14 +250,17 @@ class TargetEngine:
         """Accepts a prefix of each entry's drafts; keeps only the accepted tokens' KV."""
         if not entries:
             return {}
-        need_probs = any(not (self._samplers[e.seq_id].params.greedy or e.tree_parents) for e in entries)
+        need_probs = any(
+            not self._samplers[e.seq_id].params.greedy and (e.sampled_tree or not e.tree_parents) for e in entries
+        )
         probs = (self.peer.take_probs(draft_step_id, self.config.draft_probs_timeout_s) or {}) if need_probs else {}
         out = {}
         for e in entries:
             k = e.num_draft_tokens
             rows = logits[row_starts[e.seq_id] : row_starts[e.seq_id] + k + 1]
             if e.tree_parents:
-                result = self._verify_tree(e, rows)
+                q = probs.get(e.seq_id) if e.sampled_tree else None
+                result = self._verify_tree(e, rows, q[: k + 1] if q is not None and q.shape[0] > k else None)
             else:
                 q = probs.get(e.seq_id)
                 q = q if q is not None and q.shape[0] == k else None
@@ -269,13 +275,17 @@ class TargetEngine:
             out[e.seq_id] = EntryResult(e.seq_id, tokens, result.num_accepted)
         return out
 
-    def _verify_tree(self, e: StepEntry, rows: torch.Tensor):
-        """The entry's last k + 1 tokens are a token tree (node 0 = the last sampled token): its
-        children were chosen by the draft deterministically, so no draft probabilities are
-        needed. Only the accepted path's KV stays, moved into place."""
+    def _verify_tree(self, e: StepEntry, rows: torch.Tensor, q: torch.Tensor | None):
+        """The entry's last k + 1 tokens are a token tree (node 0 = the last sampled token).
+        q: [k + 1, V], row i the distribution node i's children were drawn from without
+        replacement (a sampled tree); None: they count as chosen deterministically, which is
+        lossless for any children the draft chose. Only the accepted path's KV stays."""
         k = e.num_draft_tokens
         tree = TokenTree((-1, *e.tree_parents), e.token_ids[len(e.token_ids) - k - 1 :])
-        result = verify_tree(rows, tree, None, self._samplers[e.seq_id])
+        if q is not None and (q.shape[1] != rows.shape[1] or not fits_sampled_tree(q, tree)):
+            log.warning("draft probabilities of sequence %d do not fit its tree: verified as top-k", e.seq_id)
+            q = None
+        result = verify_tree(rows, tree, q, self._samplers[e.seq_id])
         kept = (0, *result.accepted_nodes)
         start = self.allocator.length(e.seq_id) - (k + 1)
         self.cache.keep_path(e.seq_id, start, kept)

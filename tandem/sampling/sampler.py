@@ -148,6 +148,18 @@ def draw(probs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
     return (probs / e).argmax(dim=-1)
 
 
+def draw_without_replacement(probs: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """Up to k distinct tokens drawn one after another from probs [V], each from probs with the
+    earlier ones removed and renormalised: the k first finishers of `draw`'s race (p / E, highest
+    first), raced over the positive entries only (a truncated proposal races a few dozen).
+    Returns [min(k, positive entries)] int64 token ids in draw order."""
+    assert probs.dim() == 1 and k >= 1
+    support = probs.nonzero().flatten()
+    e = torch.empty(len(support), dtype=torch.float32, device=generator.device).exponential_(generator=generator)
+    keys = probs[support].float() / e.clamp_min_(torch.finfo(torch.float32).tiny).to(probs.device)
+    return support[keys.topk(min(k, len(support))).indices]
+
+
 def sample(logits: Tensor, states: Sequence[SamplingState]) -> SampleResult:
     """Sample one token per row and report raw logprobs.
 

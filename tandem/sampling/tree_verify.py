@@ -28,9 +28,11 @@ continues the walk from its own p. The siblings' proposals q_j depend on how the
 Why it is exact: for one sibling c ~ q_j, accepting with min(1, r / q_j) gives token x with
 probability min(r(x), q_j(x)); the rest, 1 - sum(min(r, q_j)) = sum(max(r - q_j, 0)), goes to
 norm(max(r - q_j, 0)) by induction over the remaining siblings, which are drawn from q_{j+1}
-whatever the rejected one was. The sum is r(x). Exactness needs the tree shape to be fixed before
-the draft draws (the number of children, and which are kept, may not depend on the tokens drawn);
-deterministic trees satisfy it for any shape.
+whatever the rejected one was. The sum is r(x). Exactness needs the kept children of a node to be
+its first draws, and whether a child is kept not to depend on its own token or on anything drawn
+after it (it may depend on the tokens above it: EAGLE trees grown with `per_depth` keeps satisfy
+this). Point masses need nothing of the kind: conditioned on whatever tree the draft sent, the
+rule is exact, so any tree may be verified as deterministic, sampled ones included.
 """
 
 from __future__ import annotations
@@ -203,6 +205,23 @@ def _reject_siblings(
             mass = float(q.sum())
             q = q / mass if mass > 0 else q  # no mass left: a next sibling fails its assert
     return None, r
+
+
+def fits_sampled_tree(draft_probs: Tensor, tree: TokenTree) -> bool:
+    """Whether draft_probs [N, V] can verify the tree's children as sampled: every node with
+    children has a finite, non-negative row summing to 1 that gives each child's token positive
+    probability. A row that does not (a faulty draft) must not reach verify_tree's asserts."""
+    if draft_probs.dim() != 2 or draft_probs.shape[0] != len(tree):
+        return False
+    for i, kids in enumerate(tree.children):
+        if not kids:
+            continue
+        row = draft_probs[i].float()
+        if not bool(torch.isfinite(row).all()) or float(row.min()) < 0 or abs(float(row.sum()) - 1) > 1e-3:
+            return False
+        if float(row[[tree.tokens[c] for c in kids]].min()) <= 0:
+            return False
+    return True
 
 
 def _one_hot(token_id: int, like: Tensor) -> Tensor:

@@ -201,7 +201,7 @@ class DynamicTree:
 
 
 def grow_dynamic_tree(
-    root_token: int, expand: Expand, *, top_k: int, depth: int, node_budget: int
+    root_token: int, expand: Expand, *, top_k: int, depth: int, node_budget: int, per_depth: bool = False
 ) -> DynamicTree:
     """Grow an EAGLE-2 tree: expand the best frontier per depth, keep the best nodes overall.
 
@@ -209,6 +209,15 @@ def grow_dynamic_tree(
     of the chance the target accepts it. Depth 1: the root is expanded. Each later depth: the
     `top_k` best-scored candidates of the previous depth (the frontier) are expanded. `expand` is
     called `depth` times. Finally the `node_budget` best-scored candidates are kept as drafts.
+
+    per_depth: keep each depth's frontier instead, depth by depth, until the budget is spent (the
+    last kept depth keeps its best). For children sampled without replacement and scored by rank
+    (the j-th child by the j-th largest draft probability, not its own), whether a node is kept
+    then never depends on its own token, nor on anything drawn below it: each depth's scores come
+    from the draws above it. Recursive rejection needs exactly that to stay lossless (the kept
+    children of a node are the first of its draws, however many). The overall rerank lacks it: a
+    node's own draw scores its children, which may take budget from its cousins and so decide
+    whether the node itself is kept.
 
     expand(frontier): frontier holds candidate ids. Ids are given in creation order: the root is
         0, and the children returned by one call get the next ids, frontier candidate by frontier
@@ -222,7 +231,7 @@ def grow_dynamic_tree(
     assert top_k >= 1 and depth >= 1 and node_budget >= 0
     parents, tokens, scores = [-1], [int(root_token)], [0.0]
     expanded: dict[int, int] = {}  # candidate id -> expansion row
-    frontier = [0]
+    frontier, frontiers = [0], []
     for _ in range(depth):
         children = expand(frontier)
         assert len(children) == len(frontier), "expand returns one child list per frontier node"
@@ -235,7 +244,9 @@ def grow_dynamic_tree(
                 tokens.append(token_id)
                 scores.append(scores[node] + logprob)
         frontier = _best(layer, scores, top_k)
-    kept = sorted([0, *_best(range(1, len(parents)), scores, node_budget)])
+        frontiers.extend(frontier)
+    best = frontiers[:node_budget] if per_depth else _best(range(1, len(parents)), scores, node_budget)
+    kept = sorted([0, *best])
     return _kept_tree(kept, parents, tokens, scores, expanded)
 
 

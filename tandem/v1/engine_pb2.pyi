@@ -110,14 +110,16 @@ class DraftRequest(_message.Message):
     def __init__(self, draft_step_id: _Optional[int] = ..., after_target_step: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[SequenceOp, _Mapping]]] = ..., seqs: _Optional[_Iterable[_Union[DraftSeq, _Mapping]]] = ...) -> None: ...
 
 class DraftTokens(_message.Message):
-    __slots__ = ("seq_id", "token_ids", "parents")
+    __slots__ = ("seq_id", "token_ids", "parents", "sampled_tree")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PARENTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_TREE_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     parents: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ...) -> None: ...
+    sampled_tree: bool
+    def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., sampled_tree: _Optional[bool] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
     __slots__ = ("draft_step_id", "seqs", "compute_ms")
@@ -237,7 +239,7 @@ class SequenceOp(_message.Message):
     def __init__(self, add: _Optional[_Union[AddSequence, _Mapping]] = ..., fork: _Optional[_Union[ForkSequence, _Mapping]] = ..., pop: _Optional[_Union[PopTokens, _Mapping]] = ..., remove: _Optional[_Union[RemoveSequence, _Mapping]] = ...) -> None: ...
 
 class StepEntry(_message.Message):
-    __slots__ = ("seq_id", "kind", "token_ids", "sample", "num_draft_tokens", "emit_hidden", "tree_parents")
+    __slots__ = ("seq_id", "kind", "token_ids", "sample", "num_draft_tokens", "emit_hidden", "tree_parents", "sampled_tree")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         PREFILL: _ClassVar[StepEntry.Kind]
@@ -251,6 +253,7 @@ class StepEntry(_message.Message):
     NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EMIT_HIDDEN_FIELD_NUMBER: _ClassVar[int]
     TREE_PARENTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_TREE_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     kind: StepEntry.Kind
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -258,7 +261,8 @@ class StepEntry(_message.Message):
     num_draft_tokens: int
     emit_hidden: bool
     tree_parents: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq_id: _Optional[int] = ..., kind: _Optional[_Union[StepEntry.Kind, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., num_draft_tokens: _Optional[int] = ..., emit_hidden: _Optional[bool] = ..., tree_parents: _Optional[_Iterable[int]] = ...) -> None: ...
+    sampled_tree: bool
+    def __init__(self, seq_id: _Optional[int] = ..., kind: _Optional[_Union[StepEntry.Kind, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., num_draft_tokens: _Optional[int] = ..., emit_hidden: _Optional[bool] = ..., tree_parents: _Optional[_Iterable[int]] = ..., sampled_tree: _Optional[bool] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("step_id", "ops", "entries", "draft_step_id")

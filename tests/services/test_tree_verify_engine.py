@@ -1,6 +1,6 @@
 """Tree verification in the real target engine: one forward pass over a token tree (tree
 attention), the accepted path's KV kept and compacted, and sampling that stays lossless with
-the draft's deterministic (top-k) children."""
+the draft's deterministic (top-k) children and with children it sampled from proposals it sends."""
 
 import math
 from collections import Counter
@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from tandem.ops import AddSequence, EntryKind, StepEntry, StepRequest
+from tandem.peer import DraftProbs
 from tandem.sampling.params import SamplingParams
+from tandem.sampling.sampler import draw_without_replacement
 from tests.services.test_spec_distribution import N, PROMPT, _fields, engine, exact, hf  # noqa: F401 (fixtures)
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -93,5 +95,73 @@ def test_tree_sampling_follows_the_target(engine, hf, params):
     tv = 0.5 * sum(abs(joint.get(o, 0) / N - expected.get(o, 0.0)) for o in outcomes)
     bound = 3 * math.sqrt(len(expected) / N)
     assert tv < bound, (tv, bound)
+    engine.reset()
+    assert engine.stats().kv_pages_free == engine.stats().kv_pages_total
+
+
+def test_sampled_tree_children_follow_the_target_with_their_proposals(engine, hf, caplog):
+    """N sequences verify trees whose children were drawn without replacement from proposals q
+    (three children of the root, one grandchild), q sent as the draft sends it (one row per node):
+    the first two emitted tokens follow the target's own joint distribution."""
+    params = SamplingParams(temperature=1.0, top_k=6)
+    engine.reset()
+    prompt_ids = hf[1](PROMPT)["input_ids"]
+    ops = tuple(AddSequence(i, SamplingParams(**{**_fields(params), "seed": 9000 + i})) for i in range(N))
+    prefill = tuple(StepEntry(i, EntryKind.PREFILL, tuple(prompt_ids), True) for i in range(N))
+    first = {r.seq_id: r.tokens[0].token_id for r in engine.step(StepRequest(1, ops, prefill)).results}
+    vocab = engine.model.config.vocab_size
+    p1 = {t: exact(hf, prompt_ids, [t], params) for t in set(first.values())}
+
+    def proposal(p):  # overlaps the target's likely tokens, not equal to them
+        q = torch.zeros(vocab)
+        q[p.topk(3).indices] = 0.2
+        q[[7, 11]] += 0.2
+        return q / q.sum()
+
+    gen = torch.Generator().manual_seed(3)
+    verify, q_rows = [], {}
+    for i, t in first.items():
+        q = torch.zeros(5, vocab)
+        q[0] = proposal(p1[t])
+        children = draw_without_replacement(q[0], 3, gen).tolist()
+        q[1] = proposal(exact(hf, prompt_ids, [t, children[0]], params))
+        grandchild = draw_without_replacement(q[1], 1, gen).tolist()
+        q_rows[i] = q
+        verify.append(StepEntry(i, EntryKind.DECODE, (t, *children, *grandchild), True, num_draft_tokens=4,
+                                tree_parents=(0, 0, 0, 1), sampled_tree=True))
+    engine.peer.put_probs(DraftProbs(draft_step_id=1, probs=q_rows))
+    results = engine.step(StepRequest(2, (), tuple(verify), draft_step_id=1)).results
+    assert "do not fit" not in caplog.text  # verified with the proposals, not as top-k
+    accepted = [r.num_accepted for r in results]
+    assert 0 < accepted.count(0) and 0 < accepted.count(1) and 0 < accepted.count(2)
+    joint = Counter((first[r.seq_id], r.tokens[0].token_id) for r in results)
+    p0 = exact(hf, prompt_ids, [], params)
+    expected = {(a, b): p0[a].item() * p1[a][b].item() for a in p1 for b in p1[a].nonzero().flatten().tolist()}
+    outcomes = set(expected) | set(joint)
+    tv = 0.5 * sum(abs(joint.get(o, 0) / N - expected.get(o, 0.0)) for o in outcomes)
+    assert tv < 3 * math.sqrt(len(expected) / N), tv
+    engine.reset()
+    assert engine.stats().kv_pages_free == engine.stats().kv_pages_total
+
+
+def test_proposals_that_do_not_fit_the_tree_fall_back_to_top_k(engine, hf, caplog):
+    """A row giving a child no probability (a faulty draft) must not fail the step: that tree is
+    verified as deterministic children, which is lossless too; the other sequences keep theirs."""
+    engine.reset()
+    prompt_ids = hf[1](PROMPT)["input_ids"]
+    sampled = SamplingParams(temperature=1.0, seed=4)
+    ops = (AddSequence(1, sampled), AddSequence(2, sampled))
+    prefill = tuple(StepEntry(s, EntryKind.PREFILL, tuple(prompt_ids), True) for s in (1, 2))
+    first = {r.seq_id: r.tokens[0].token_id for r in engine.step(StepRequest(1, ops, prefill)).results}
+    vocab = engine.model.config.vocab_size
+    good, bad = torch.zeros(3, vocab), torch.zeros(3, vocab)
+    good[0, [5, 6]] = 0.5
+    bad[0, [5, 9]] = 0.5  # child 6 has no probability
+    engine.peer.put_probs(DraftProbs(draft_step_id=1, probs={1: good, 2: bad}))
+    verify = tuple(StepEntry(s, EntryKind.DECODE, (first[s], 5, 6), True, num_draft_tokens=2,
+                             tree_parents=(0, 0), sampled_tree=True) for s in (1, 2))
+    results = engine.step(StepRequest(2, (), verify, draft_step_id=1)).results
+    assert [len(r.tokens) for r in results] == [r.num_accepted + 1 for r in results]
+    assert "sequence 2 do not fit" in caplog.text and "sequence 1 " not in caplog.text
     engine.reset()
     assert engine.stats().kv_pages_free == engine.stats().kv_pages_total

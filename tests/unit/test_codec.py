@@ -4,7 +4,7 @@ the engine info and sequence ops."""
 import torch
 
 from tandem import codec
-from tandem.ops import EngineInfo, ForkSequence
+from tandem.ops import DraftResult, EngineInfo, EntryKind, ForkSequence, StepEntry, StepRequest
 from tandem.peer import DraftProbs, HiddenPairs, HiddenStep
 from tandem.sampling.params import SamplingParams
 from tandem.tensors import tensor_from_pb, tensor_to_pb
@@ -49,3 +49,12 @@ def test_fork_round_trip_drops_the_router_internal_draft_position():
     fork = ForkSequence(5, 2, 9, SamplingParams(temperature=0), draft_position=8)
     back = codec.op_from_pb(codec.op_to_pb(fork))
     assert back == ForkSequence(5, 2, 9, SamplingParams(temperature=0)) and back.draft_position is None
+
+
+def test_sampled_trees_round_trip_through_draft_results_and_steps():
+    result = DraftResult(9, {1: (4, 5), 2: (6,), 3: ()}, 1.5, {1: (0, 0), 2: (0,)}, frozenset({1}))
+    back = codec.draft_result_from_pb(codec.draft_result_to_pb(result))
+    assert back.sampled_trees == {1} and back.parents == {1: (0, 0), 2: (0,)} and back.tokens == result.tokens
+    entry = StepEntry(1, EntryKind.DECODE, (3, 4, 5), True, 2, True, (0, 0), sampled_tree=True)
+    step = codec.step_request_from_pb(codec.step_request_to_pb(StepRequest(2, (), (entry,), draft_step_id=9)))
+    assert step.entries == (entry,)

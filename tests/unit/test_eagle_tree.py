@@ -16,6 +16,7 @@ from draft_service.eagle_tree import draft_logprobs
 from draft_service.engine import DraftEngine
 from draft_service.methods import load_draft_head
 from draft_service.peer_client import DraftPeer
+from draft_service.proposal import proposal_sampler
 from tandem.attention.torch_backend import TorchAttention
 from tandem.kv.batching import TreeInput, append_batch
 from tandem.kv.cache import PagedKVCache
@@ -25,6 +26,7 @@ from tandem.ops import AddSequence, DraftRequest, DraftSeq, PopTokens, RemoveSeq
 from tandem.peer import HiddenPairs, HiddenStep
 from tandem.sampling.params import SamplingParams
 from tandem.sampling.state import SamplingState
+from tandem.sampling.tree_verify import fits_sampled_tree
 from tandem.spec.token_tree import TokenTree
 from tandem.testing.tiny import build_tiny_model
 
@@ -171,24 +173,33 @@ def test_every_expanded_node_equals_its_path_run_causally(head, head_dir, model_
     rig.feed({1: second})  # the second call pops the first tree and grows on the longer prefix
     recorder.rows.clear()
     result = rig.draft({1: 4})
-    dynamic = grown[-1][1]
+    dynamic, probs = grown[-1][1].grown, grown[-1][1].probs
     tree = dynamic.tree
     assert (tree.tokens[1:], tree.parents[1:]) == (result.tokens[1], result.parents[1])
-    assert tree.tokens[0] == second[1][-1] and tree.max_depth == 4 and len(tree) == 1 + 3 + 3 * 9
+    # greedy keeps every candidate; sampled trees keep each depth's frontier of 3
+    size = 1 + 3 + 3 * 9 if params.greedy else 1 + 3 * 4
+    assert tree.tokens[0] == second[1][-1] and tree.max_depth == 4 and len(tree) == size
+    assert (probs is None) == params.greedy
     rows = torch.cat(recorder.rows)  # one sequence: the expansion rows, in order
     assert len(rows) == 1 + 3 * 3  # the root, then top_k frontier nodes at depths 1..3
     prefix_tokens, prefix_hidden = first[1] + second[1], torch.cat([first[2], second[2]])
-    state = SamplingState(params, head.config.vocab_size)
+    state = SamplingState(rig.engine._seqs[1].sampler.params, head.config.vocab_size)  # the proposal's
     for node in range(len(tree)):
         if dynamic.dist_rows[node] < 0:
             continue  # never expanded: never run
         path = [tree.tokens[n] for n in tree.path_to(node)[1:]]
         ref = reference_features(head, prefix_tokens, prefix_hidden, path)[-1]
         torch.testing.assert_close(rows[dynamic.dist_rows[node]], ref, rtol=1e-4, atol=1e-4)
-        # its kept children are among the top-k of that distribution, best first
-        top = draft_logprobs(head.logits(ref[None]), [state])[0].topk(3).indices.tolist()
+        logprobs = draft_logprobs(head.logits(ref[None]), [state])[0]
         kids = [tree.tokens[c] for c in tree.children[node]]
-        assert kids == [t for t in top if t in kids]
+        if params.greedy:  # its kept children are among the top-k of that distribution, best first
+            top = logprobs.topk(3).indices.tolist()
+            assert kids == [t for t in top if t in kids]
+        elif kids:  # drawn from the proposal the target gets for this node
+            torch.testing.assert_close(probs[node], logprobs.exp(), rtol=1e-4, atol=1e-6)
+            assert len(set(kids)) == len(kids) and bool((probs[node, kids] > 0).all())
+        else:
+            assert not probs[node].any()  # a leaf's row is never read
 
 
 def test_sequences_batched_grow_the_trees_they_grow_alone(head, head_dir, model_dir):
@@ -207,7 +218,8 @@ def test_sequences_batched_grow_the_trees_they_grow_alone(head, head_dir, model_
         result = alone.draft({s: depths[s]}, [AddSequence(s, params[s])])
         assert result.tokens[s] == together.tokens[s] and result.parents[s] == together.parents[s]
         tree = as_tree(pairs[s][1][-1], result.tokens[s], result.parents[s])
-        assert tree.max_depth == depths[s] and len(tree) == 1 + 2 + 4 * (depths[s] - 1)
+        size = 1 + 2 + 4 * (depths[s] - 1) if params[s].greedy else 1 + 2 * depths[s]  # all, or frontiers
+        assert tree.max_depth == depths[s] and len(tree) == size
 
 
 # -- (b) top_k = 1 is the chain ---------------------------------------------------------------
@@ -240,7 +252,7 @@ def test_budget_depth_topology_and_distinct_siblings(head, head_dir, model_dir, 
     rig.feed({1: (start, tokens, hidden)})
     result = rig.draft({1: depth}, [AddSequence(1, SAMPLED)])
     drafts, parents = result.tokens[1], result.parents[1]
-    assert len(drafts) == len(parents) == min(budget, sum(top_k ** min(d, 2) for d in range(1, depth + 1)))
+    assert len(drafts) == len(parents) == min(budget, top_k * depth)  # sampled: each depth's frontier
     assert all(0 <= p <= i for i, p in enumerate(parents))  # draft i is node i + 1
     tree = as_tree(tokens[-1], drafts, parents)  # checks topology and distinct siblings
     assert tree.max_depth <= depth
@@ -249,18 +261,38 @@ def test_budget_depth_topology_and_distinct_siblings(head, head_dir, model_dir, 
     assert rig.engine._seqs[1].speculative == top_k * (depth - 1)
 
 
-def test_sampled_trees_send_no_draft_probabilities(head, head_dir, model_dir, monkeypatch):
-    rig = Rig(head, head_dir, model_dir)
+def test_sampled_trees_send_their_proposals_one_row_per_node(head, head_dir, model_dir, monkeypatch):
+    rig = Rig(head, head_dir, model_dir, top_k=3, budget=7)
     sent = []
     monkeypatch.setattr(rig.peer, "send_probs", sent.append)
-    rig.feed({1: real_pairs(1, 5)})
-    result = rig.draft({1: 3}, [AddSequence(1, SAMPLED)])
-    assert result.tokens[1] and not sent
-    chains = Rig(head, head_dir, model_dir, shape="chain")
-    monkeypatch.setattr(chains.peer, "send_probs", sent.append)
-    chains.feed({1: real_pairs(1, 5)})
-    chains.draft({1: 3}, [AddSequence(1, SAMPLED)])
-    assert len(sent) == 1  # chains still send theirs
+    rig.feed({1: real_pairs(1, 5), 2: real_pairs(2, 6)})
+    result = rig.draft({1: 3, 2: 3}, [AddSequence(1, SAMPLED), AddSequence(2, GREEDY)])
+    assert result.sampled_trees == {1}
+    assert len(sent) == 1 and set(sent[0].probs) == {1}  # greedy trees send nothing
+    tree = as_tree(real_pairs(1, 5)[1][-1], result.tokens[1], result.parents[1])
+    q = sent[0].probs[1]
+    assert q.shape == (len(tree), head.config.vocab_size) == (8, head.config.vocab_size)
+    assert fits_sampled_tree(q, tree)  # distributions giving every child positive probability
+    assert all(not q[i].any() for i, kids in enumerate(tree.children) if not kids)
+    # top-p 0.9 cut the proposal: the rows are sparse, and so is what travels
+    assert int((q[0] > 0).sum()) < head.config.vocab_size
+    again = Rig(head, head_dir, model_dir, top_k=3, budget=7)  # the same seed draws the same tree
+    monkeypatch.setattr(again.peer, "send_probs", lambda m: None)
+    again.feed({1: real_pairs(1, 5)})
+    assert again.draft({1: 3}, [AddSequence(1, SAMPLED)]).tokens[1] == result.tokens[1]
+
+
+def test_the_proposal_is_cut_to_the_drafts_top_k(head_dir, model_dir):
+    """proposal_top_k narrows a sampled request's proposal; a narrower request top-k stays."""
+    def proposal(params, cut):
+        config = DraftConfig(method="eagle", model_dir=head_dir, target_model_dir=model_dir, proposal_top_k=cut)
+        return proposal_sampler(params, 0, config, 100, CPU).params
+
+    assert proposal(SAMPLED, 64).top_k == 64 and proposal(SAMPLED, 0).top_k == 0
+    assert proposal(SamplingParams(temperature=1, top_k=8), 64).top_k == 8
+    assert proposal(SamplingParams(temperature=1, top_k=500), 64).top_k == 64
+    penalised = SamplingParams(temperature=1, repetition_penalty=1.3, presence_penalty=0.5)
+    assert proposal(penalised, 64).repetition_penalty == 1.0 and proposal(penalised, 64).presence_penalty == 0.0
 
 
 # -- (d) speculative positions and pages --------------------------------------------------------

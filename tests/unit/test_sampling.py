@@ -7,7 +7,7 @@ import torch
 
 from tandem.errors import FailedPrecondition, InvalidArgument
 from tandem.sampling.params import MAX_TOP_LOGPROBS, SamplingParams
-from tandem.sampling.sampler import probabilities, process_logits, sample
+from tandem.sampling.sampler import draw_without_replacement, probabilities, process_logits, sample
 from tandem.sampling.state import SamplingState
 
 V = 8
@@ -282,3 +282,21 @@ def test_fork_needs_parent_bookkeeping_for_penalties():
 def test_unseeded_states_get_their_own_streams():
     a, b = state(), state()
     assert a.generator.initial_seed() != b.generator.initial_seed()
+
+
+def test_draw_without_replacement_draws_in_order_from_the_rest():
+    """Ordered pairs (a, b) come with probability q(a) q(b) / (1 - q(a)); zeros never come."""
+    q = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05])
+    g = torch.Generator().manual_seed(0)
+    n, counts = 20000, {}
+    for _ in range(n):
+        a, b = draw_without_replacement(q, 2, g).tolist()
+        counts[(a, b)] = counts.get((a, b), 0) + 1
+    expected = {(a, b): float(q[a] * q[b] / (1 - q[a])) for a in range(5) for b in range(5)
+                if a != b and q[a] > 0 and q[b] > 0}
+    assert set(counts) <= set(expected)
+    tv = 0.5 * sum(abs(counts.get(o, 0) / n - p) for o, p in expected.items())
+    assert tv < 3 * math.sqrt(len(expected) / n), tv
+    assert draw_without_replacement(q, 10, g).tolist().__len__() == 4  # only the positive entries
+    g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    assert torch.equal(draw_without_replacement(q, 3, g1), draw_without_replacement(q, 3, g2))

@@ -268,3 +268,30 @@ def test_dynamic_tree_random_draft_is_ancestor_closed_and_best_first():
 def test_dynamic_tree_contract(children, message):
     with pytest.raises(AssertionError, match=message):
         grow_dynamic_tree(0, lambda frontier: children, top_k=2, depth=2, node_budget=4)
+
+
+def test_dynamic_tree_per_depth_keeps_each_depth_frontier():
+    # Frontiers (id: score): depth 1 [1 .6, 2 .35], depth 2 [3 .30, 5 .28], depth 3 [7 .21, 9 .168].
+    # Budget 5 keeps 1 2 3 5 7, where the overall rerank keeps 4 (.24) instead of 7 (.21).
+    grown = grow_dynamic_tree(0, TableDraft(TABLE), top_k=2, depth=3, node_budget=5, per_depth=True)
+    assert grown.candidate_ids == (0, 1, 2, 3, 5, 7)
+    assert grown.tree.parents == (-1, 0, 0, 1, 2, 3) and grown.tree.tokens == (0, 1, 2, 3, 5, 7)
+    overall = grow_dynamic_tree(0, TableDraft(TABLE), top_k=2, depth=3, node_budget=5)
+    assert overall.candidate_ids == (0, 1, 2, 3, 4, 5)
+    everything = grow_dynamic_tree(0, TableDraft(TABLE), top_k=2, depth=3, node_budget=100, per_depth=True)
+    assert everything.candidate_ids == (0, 1, 2, 3, 5, 7, 9)  # at most top_k nodes per depth
+
+
+def test_dynamic_tree_per_depth_random_draft_keeps_frontier_prefixes():
+    """Each kept depth holds its best top_k; a budget spent mid-depth keeps that depth's best."""
+    g = torch.Generator().manual_seed(1)
+
+    def expand(frontier):
+        return [(lp.topk(3).indices, lp.topk(3).values)
+                for lp in torch.log_softmax(torch.randn(len(frontier), 8, generator=g), dim=-1)]
+
+    for budget in (2, 3, 7, 11, 20):
+        grown = grow_dynamic_tree(0, expand, top_k=3, depth=4, node_budget=budget, per_depth=True)
+        depths = [len(grown.tree.path_to(i)) - 1 for i in range(1, len(grown.tree))]
+        assert len(depths) == min(budget, 12)
+        assert [depths.count(d) for d in range(1, 5)] == [min(3, max(budget - 3 * d, 0)) for d in range(4)]
