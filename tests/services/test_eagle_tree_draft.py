@@ -46,9 +46,22 @@ def test_greedy_trees_equal_target_and_accept_more_than_one(eagle_tree, referenc
     assert stats.speculation_active and stats.mean_accepted_length > 1.5
 
 
-def test_sampled_trees_run_and_leave_no_pages(eagle_tree):
+def test_sampled_trees_run_and_leave_no_pages(eagle_tree, monkeypatch):
+    """Sampled trees reach the target with their proposals (over the peer stream, flagged by the
+    router) and are verified with them; a seeded request repeats itself."""
+    engine, proposals = eagle_tree.target_engine, []
+    verify_tree = engine._verify_tree
+
+    def spy(e, rows, q):
+        proposals.append((e.sampled_tree, q is not None and q.shape[0] == e.num_draft_tokens + 1))
+        return verify_tree(e, rows, q)
+
+    monkeypatch.setattr(engine, "_verify_tree", spy)
     ids, _, _, last = generate(eagle_tree.stub, prompt=TINY_PROMPTS[2], params=sampled(seed=11))
     assert len(ids) == 32 and last.usage.draft_tokens > 0
+    assert proposals and all(flag and fits for flag, fits in proposals)
+    again, _, _, _ = generate(eagle_tree.stub, prompt=TINY_PROMPTS[2], params=sampled(seed=11))
+    assert again == ids
     assert eagle_tree.wait_idle().sequences_live == 0
     stub, deadline = draft_stub(eagle_tree), time.monotonic() + 10
     while (stats := stub.Stats(engine_pb2.EngineStatsRequest(), timeout=10)).sequences_live:
