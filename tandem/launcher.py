@@ -78,7 +78,7 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
             "--host", args.host, "--port", str(args.draft_port), "--device", args.device,
             "--target", f"{args.host}:{args.target_port}", "--threads", str(args.threads),
             "--tree-top-k", str(args.tree_top_k), "--tree-node-budget", str(args.tree_node_budget),
-            "--medusa-choices", args.medusa_choices,
+            "--proposal-top-k", str(args.proposal_top_k), "--medusa-choices", args.medusa_choices,
             "--metrics-port", str(args.draft_metrics_port),
         ]
         if args.shape:

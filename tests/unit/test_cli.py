@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tandem.cli import build_parser
+from tandem.cli import build_parser, draft_config
 
 PROBE = "import sys, tandem.cli; tandem.cli.build_parser(); print(sorted({'torch', 'transformers'} & set(sys.modules)))"
 
@@ -31,7 +31,7 @@ def _up(*flags: str, monkeypatch):
     from tandem.launcher import resolve_up_draft
 
     for name in ("DRAFT", "DRAFT_MODEL", "SPEC_DRAFT_LENGTH", "MODEL", "DEVICE", "DRAFT_SHAPE", "TREE_TOP_K",
-                 "TREE_NODE_BUDGET"):
+                 "TREE_NODE_BUDGET", "PROPOSAL_TOP_K"):
         monkeypatch.delenv(f"TANDEM_{name}", raising=False)
     return resolve_up_draft(build_parser().parse_args(["up", *flags]))
 
@@ -74,3 +74,8 @@ def test_up_service_args_carry_the_chosen_draft(monkeypatch):
     assert router[router.index("--spec-draft-length") + 1] == "1"
     assert draft[draft.index("--shape") + 1] == "chain"
     assert draft[draft.index("--draft-model") + 1].endswith("heads/eagle-smollm2-135m")
+    assert draft[draft.index("--proposal-top-k") + 1] == "64"
+    _, _, cut = service_args(_up("--draft", "eagle", "--proposal-top-k", "0", monkeypatch=monkeypatch), Path("/m"))
+    assert cut[cut.index("--proposal-top-k") + 1] == "0"
+    config = draft_config(build_parser().parse_args(["draft", *cut[1:]]), Path("/m"))
+    assert config.proposal_top_k == 0
