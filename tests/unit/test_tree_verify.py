@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from tandem.sampling.params import SamplingParams
+from tandem.sampling.sampler import draw_without_replacement as sampler_draw_without_replacement
 from tandem.sampling.sampler import probabilities, process_logits, sample
 from tandem.sampling.state import SamplingState
 from tandem.sampling.tree_verify import TreeVerifyResult, verify_tree
 from tandem.sampling.verify import verify_chain
 from tests.unit.test_verify import one_intra_op_thread  # noqa: F401 (an autouse fixture)
-from tandem.spec.token_tree import TokenTree, chain
+from tandem.spec.token_tree import TokenTree, chain, grow_dynamic_tree
 
 V = 8
 
@@ -293,3 +294,47 @@ def test_tree_sampling_is_distributed_as_the_target(sampled, width):
     assert float((accepted == 2).float().mean()) > 0.2  # the second level is reached
     with pytest.raises(AssertionError):
         assert_distributed_as(first, setup.q0)  # the test tells p from q
+
+
+def grow_sampled(setup: TwoLevel, g: torch.Generator, *, own_scores: bool) -> tuple:
+    """An EAGLE tree grown by tandem.spec.token_tree over TwoLevel's draft: depth 2, top-2, 3
+    nodes, children drawn without replacement. own_scores: score each child by its own draft
+    probability and keep the best nodes overall (EAGLE-2's rule, made for top-k children); else
+    score the j-th draw by the j-th largest probability and keep per depth (the draft service's
+    rule for sampled requests). Returns (tree, logits [N, V], draft_probs node -> [V])."""
+    token_of = [0]
+
+    def expand(frontier):
+        out = []
+        for c in frontier:
+            q = setup.q0 if c == 0 else setup.q1[token_of[c]]
+            kids = sampler_draw_without_replacement(q, 2, g)
+            token_of.extend(kids.tolist())
+            out.append((kids, q[kids].log() if own_scores else q.sort(descending=True).values[: len(kids)].log()))
+        return out
+
+    tree = grow_dynamic_tree(0, expand, top_k=2, depth=2, node_budget=3, per_depth=not own_scores).tree
+    rows = [setup.l0 if i == 0 else setup.l1[tree.tokens[i]] if tree.parents[i] == 0
+            else setup.l2[tree.tokens[tree.parents[i]], tree.tokens[i]] for i in range(len(tree))]
+    probs = {i: setup.q0 if i == 0 else setup.q1[tree.tokens[i]] for i, kids in enumerate(tree.children) if kids}
+    return tree, torch.stack(rows), probs
+
+
+def test_grown_sampled_trees_stay_lossless_only_when_kept_regardless_of_their_own_draws():
+    """The budget keeps 3 of the 6 candidates, so which nodes are kept depends on the draws.
+    Kept per depth by rank, the first two emitted tokens follow the target; kept by their own
+    probabilities, a kept child may be a later draw than verification assumes: biased."""
+    setup, n = TwoLevel(seed=40, width=(2, 2)), 3000
+    for own_scores in (False, True):
+        g, joint = torch.Generator().manual_seed(99), torch.zeros(setup.vocab ** 2)
+        for seed in range(n):
+            tree, logits, probs = grow_sampled(setup, g, own_scores=own_scores)
+            x = ids(verify_tree(logits, tree, probs, state(setup.vocab, seed=seed)))
+            if len(x) == 1:
+                x.append(sample(setup.l1[x[0]][None], [state(setup.vocab, seed=n + seed)]).token_ids[0])
+            joint[x[0] * setup.vocab + x[1]] += 1
+        if own_scores:
+            with pytest.raises(AssertionError):
+                assert_distributed_as(joint, setup.joint)
+        else:
+            assert_distributed_as(joint, setup.joint)
