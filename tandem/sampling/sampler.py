@@ -103,12 +103,49 @@ def _filtered_softmax(logits: Tensor, params: Sequence[SamplingParams]) -> Tenso
     scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if not any(p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0 for p in params):
         return torch.softmax(scaled, dim=-1)
-    sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)  # [S, V], highest first
+    vocab_size = scaled.shape[1]
+    groups: dict[int, list[int]] = {}  # rows by top-k (V: none), so a row never depends on the batch
+    for i, p in enumerate(params):
+        groups.setdefault(p.top_k if 0 < p.top_k < vocab_size else vocab_size, []).append(i)
+    if len(groups) == 1:
+        return _filtered_rows(scaled, params, next(iter(groups)))
+    out = torch.empty_like(scaled)
+    for k, rows in groups.items():
+        index = torch.tensor(rows, device=device)
+        out[index] = _filtered_rows(scaled[index], [params[i] for i in rows], k)
+    return out
+
+
+def _filtered_rows(scaled: Tensor, params: Sequence[SamplingParams], k: int) -> Tensor:
+    """scaled: [S, V] tempered logits of rows sharing top-k k (V: none); returns [S, V].
+    Only the k best tokens can be kept, so only they are ranked: a top-k of a few dozen is a
+    partial sort, not a sort of the vocabulary (a draft proposing from its top 64 pays that on
+    every row). Their softmax among themselves suffices: top-p renormalises within the top-k,
+    min-p is a ratio to the best."""
+    if k < scaled.shape[1]:
+        sorted_logits, order = _stable_top_k(scaled, k)
+    else:
+        sorted_logits, order = scaled.sort(dim=-1, descending=True, stable=True)
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)  # [S, k]
     keep = _keep_mask(sorted_probs, params)
     kept = sorted_probs.masked_fill(~keep, 0.0)
     kept = kept / kept.sum(dim=-1, keepdim=True)
-    return torch.zeros_like(kept).scatter_(-1, order, kept)
+    return torch.zeros_like(scaled).scatter_(-1, order, kept)
+
+
+def _stable_top_k(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The first k of a stable descending sort of each row of x [S, V], without sorting V:
+    (values [S, k], indices [S, k]). Ties at the k-th value go to the lower indices, as the
+    stable sort gives them (so top_k=1 samples what greedy's argmax picks)."""
+    kth = x.topk(k, dim=-1).values[:, -1:]  # [S, 1]
+    chosen = x >= kth
+    if bool((chosen.sum(dim=-1) > k).any()):  # ties at the k-th value: take the lowest indices
+        above = x > kth
+        at = chosen & ~above
+        chosen = above | (at & (at.cumsum(dim=-1) <= k - above.sum(dim=-1, keepdim=True)))
+    index = chosen.nonzero()[:, 1].view(x.shape[0], k)  # exactly k per row, ascending
+    values, perm = x.gather(-1, index).sort(dim=-1, descending=True, stable=True)
+    return values, index.gather(-1, perm)
 
 
 def _keep_mask(sorted_probs: Tensor, params: Sequence[SamplingParams]) -> Tensor:

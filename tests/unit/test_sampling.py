@@ -300,3 +300,34 @@ def test_draw_without_replacement_draws_in_order_from_the_rest():
     assert draw_without_replacement(q, 10, g).tolist().__len__() == 4  # only the positive entries
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
     assert torch.equal(draw_without_replacement(q, 3, g1), draw_without_replacement(q, 3, g2))
+
+
+def _sorted_reference(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """top-k / top-p / min-p by a full stable sort of one row [V]: what probabilities must give."""
+    scaled = (logits - logits.max()) / params.temperature
+    probs, order = torch.softmax(scaled, -1).sort(descending=True, stable=True)
+    keep = torch.arange(len(probs)) < (params.top_k or len(probs))
+    top = probs * keep
+    top = top / top.sum()
+    keep &= (top.cumsum(0) - top < params.top_p) | (params.top_p >= 1.0)
+    keep &= probs >= params.min_p * probs[0]
+    keep[0] = True
+    kept = probs * keep
+    return torch.zeros_like(probs).scatter_(0, order, kept / kept.sum())
+
+
+def test_top_k_ranks_only_the_best_and_keeps_ties_in_index_order():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 50, generator=g).round(decimals=1)  # many ties
+    logits[5] = 0.0  # all tied
+    params = [SamplingParams(temperature=0.8, top_k=5), SamplingParams(temperature=1.0, top_k=1),
+              SamplingParams(temperature=1.0, top_k=8, top_p=0.7), SamplingParams(temperature=1.2, top_p=0.9),
+              SamplingParams(temperature=1.0, top_k=3, min_p=0.5), SamplingParams(temperature=1.0, top_k=2)]
+    states = [SamplingState(p, 50) for p in params]
+    together = probabilities(process_logits(logits, states), states)
+    for i, (p, s) in enumerate(zip(params, states)):
+        alone = probabilities(process_logits(logits[i : i + 1], [s]), [s])[0]
+        assert torch.equal(alone, together[i])  # whatever else is in the batch
+        torch.testing.assert_close(alone, _sorted_reference(logits[i], p), rtol=1e-6, atol=1e-7)
+    assert together[5].nonzero().flatten().tolist() == [0, 1]  # ties: the lowest indices
+    assert together[1].argmax() == logits[1].argmax()  # top_k=1 is greedy's argmax
