@@ -191,22 +191,43 @@ def _answer(growths, frontiers, head, states, top_k: int) -> None:
     """Scores every frontier node's children in one lm_head call; records them as candidates."""
     rows = [(s, c) for s, frontier in frontiers.items() for c in frontier]
     features = torch.stack([growths[s].features[c] for s, c in rows])
-    logprobs = draft_logprobs(head.logits(features), [states[s] for s, _ in rows])
-    values, ids = logprobs.topk(min(top_k, logprobs.shape[1]), dim=-1)
+    processed = process_logits(head.logits(features), [states[s] for s, _ in rows])
+    greedy = [i for i, (s, _) in enumerate(rows) if not growths[s].sampled]
+    sampled = [i for i, (s, _) in enumerate(rows) if growths[s].sampled]
+    children = {}
+    if greedy:
+        children.update(zip(greedy, _top_children(processed[greedy], top_k)))
+    if sampled:
+        proposals = probabilities(processed[sampled], [states[rows[i][0]] for i in sampled])
+        for i, proposal in zip(sampled, proposals):
+            g = growths[rows[i][0]]
+            g.proposals.append(proposal)  # in frontier order: the sequence's expansion rows
+            children[i] = _drawn_children(proposal, top_k, states[rows[i][0]].generator)
     answers = {s: [] for s in frontiers}
-    for (s, c), row_values, row_ids, row in zip(rows, values.cpu(), ids.cpu(), logprobs, strict=True):
-        keep = row_values > float("-inf")
-        keep[0] = True  # the top token always has a positive probability
-        child_ids, child_lps = row_ids[keep], row_values[keep]
-        if growths[s].sampled:
-            proposal = row.exp()
-            growths[s].proposals.append(proposal)
-            child_ids = draw_without_replacement(proposal, len(child_ids), states[s].generator).cpu()
-            child_lps = child_lps[: len(child_ids)]  # by rank: the j-th draw scores the j-th best
-        _add_children(growths[s], c, child_ids.tolist())
-        answers[s].append((child_ids, child_lps))
+    for i, (s, c) in enumerate(rows):
+        _add_children(growths[s], c, children[i][0].tolist())
+        answers[s].append(children[i])
     for s, answer in answers.items():
         growths[s].answers.append(answer)
+
+
+def _top_children(processed: Tensor, top_k: int) -> list[tuple[Tensor, Tensor]]:
+    """Greedy rows [R, V]: each row's top-k tokens and their log-softmax scores."""
+    values, ids = torch.log_softmax(processed, dim=-1).topk(min(top_k, processed.shape[1]), dim=-1)
+    out = []
+    for row_values, row_ids in zip(values.cpu(), ids.cpu(), strict=True):
+        keep = row_values > float("-inf")
+        keep[0] = True  # the top token always has a positive probability
+        out.append((row_ids[keep], row_values[keep].clamp_max(0.0)))
+    return out
+
+
+def _drawn_children(proposal: Tensor, top_k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """A sampled row: up to top_k tokens drawn without replacement from the proposal [V], the
+    j-th scored by the log of the j-th largest probability, not its own (see the module doc)."""
+    ids = draw_without_replacement(proposal, top_k, generator)
+    scores = proposal.topk(len(ids)).values.log().clamp_max(0.0)
+    return ids.cpu(), scores.cpu()
 
 
 def _add_children(g: _Growth, parent: int, tokens: list[int]) -> None:
@@ -215,17 +236,3 @@ def _add_children(g: _Growth, parent: int, tokens: list[int]) -> None:
         g.tokens.append(token)
         g.parents.append(parent)
         g.depths.append(g.depths[parent] + 1)
-
-
-def draft_logprobs(logits: Tensor, states: Sequence[SamplingState]) -> Tensor:
-    """logits: [R, V] raw head logits; returns [R, V] float32 scores <= 0 (-inf: filtered out).
-
-    Sampled rows: log of the proposal distribution; greedy rows: log-softmax of the processed
-    logits (the greedy target takes their argmax)."""
-    processed = process_logits(logits, states)
-    out = torch.log_softmax(processed, dim=-1)
-    sampled = [i for i, s in enumerate(states) if not s.params.greedy]
-    if sampled:
-        probs = probabilities(processed[sampled], [states[i] for i in sampled])
-        out[sampled] = probs.log()
-    return out.clamp_max_(0.0)

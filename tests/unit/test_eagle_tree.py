@@ -12,7 +12,6 @@ import torch
 from draft_service import eagle_tree
 from draft_service import engine as engine_module
 from draft_service.config import DraftConfig
-from draft_service.eagle_tree import draft_logprobs
 from draft_service.engine import DraftEngine
 from draft_service.methods import load_draft_head
 from draft_service.peer_client import DraftPeer
@@ -25,6 +24,7 @@ from tandem.models.loader import load_model
 from tandem.ops import AddSequence, DraftRequest, DraftSeq, PopTokens, RemoveSequence
 from tandem.peer import HiddenPairs, HiddenStep
 from tandem.sampling.params import SamplingParams
+from tandem.sampling.sampler import probabilities, process_logits
 from tandem.sampling.state import SamplingState
 from tandem.sampling.tree_verify import fits_sampled_tree
 from tandem.spec.token_tree import TokenTree
@@ -190,13 +190,14 @@ def test_every_expanded_node_equals_its_path_run_causally(head, head_dir, model_
         path = [tree.tokens[n] for n in tree.path_to(node)[1:]]
         ref = reference_features(head, prefix_tokens, prefix_hidden, path)[-1]
         torch.testing.assert_close(rows[dynamic.dist_rows[node]], ref, rtol=1e-4, atol=1e-4)
-        logprobs = draft_logprobs(head.logits(ref[None]), [state])[0]
+        processed = process_logits(head.logits(ref[None]), [state])
         kids = [tree.tokens[c] for c in tree.children[node]]
         if params.greedy:  # its kept children are among the top-k of that distribution, best first
-            top = logprobs.topk(3).indices.tolist()
+            top = processed[0].topk(3).indices.tolist()
             assert kids == [t for t in top if t in kids]
         elif kids:  # drawn from the proposal the target gets for this node
-            torch.testing.assert_close(probs[node], logprobs.exp(), rtol=1e-4, atol=1e-6)
+            proposal = probabilities(processed, [state])[0]
+            torch.testing.assert_close(probs[node], proposal, rtol=1e-4, atol=1e-6)
             assert len(set(kids)) == len(kids) and bool((probs[node, kids] > 0).all())
         else:
             assert not probs[node].any()  # a leaf's row is never read
