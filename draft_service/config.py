@@ -31,8 +31,9 @@ class DraftConfig:
     # Sampled requests: the draft proposes from its own top proposal_top_k tokens (within the
     # request's top-k/p), renormalised; 0: the request's whole distribution. Any proposal is
     # lossless, as the target verifies with the one the drafts came from; a short one is what
-    # travels to the target (sparse rows instead of [V] floats per draft token) and, measured on
-    # the shipped EAGLE head at temperature 1, accepts no less (top-64: 0.476 against 0.475).
+    # travels to the target (sparse rows instead of [V] floats per draft token). Served at
+    # temperature 1 with the shipped EAGLE head, chains of 4 accepted 1.41 tokens a verify with
+    # top-64 proposals against 1.45 with whole ones (10 questions: within about 1.5 standard errors).
     proposal_top_k: int = 64
     # Medusa trees: a preset name of tandem.spec.token_tree or a JSON list of rank tuples.
     medusa_choices: str = ""
