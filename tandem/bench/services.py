@@ -2,9 +2,11 @@
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,9 +84,30 @@ def running_stacks(model: Path, dtype: str, threads: int, specs: list[StackSpec]
 def _start_tier(procs: list[subprocess.Popen], tier: list[tuple[int, list[str]]]) -> None:
     # No Prometheus endpoints: several stacks on one machine would collide on their fixed ports.
     env = {**os.environ, "TANDEM_METRICS_PORT": "0"}
-    procs += [subprocess.Popen(cmd, env=env) for _, cmd in tier]
+    for _, cmd in tier:
+        with sigterm_held():
+            procs.append(subprocess.Popen(cmd, env=env))
     for port, _ in tier:
         wait_healthy(f"127.0.0.1:{port}", procs)
+
+
+@contextlib.contextmanager
+def sigterm_held():
+    """Holds SIGTERM until the block ends, then delivers it to the handler it found: a SIGTERM
+    that cmd_bench turns into SystemExit between a service's fork and its Popen's return would
+    leave that process out of the list to stop. Blocking the signal instead would be inherited by
+    the child through fork and exec, which could then not be terminated."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if held:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:

@@ -1,6 +1,9 @@
 """The speculation bench's planning and bookkeeping, with fake runners (no services, no model)."""
 
-from tandem.bench.services import Devices
+import os
+import signal
+
+from tandem.bench.services import Devices, sigterm_held
 from tandem.bench.spec import measure_cell
 from tandem.bench.spec_modes import plan_modes, spec_config
 from tandem.bench.spec_report import _ratios
@@ -77,3 +80,20 @@ def test_accepted_length_is_one_plus_the_positions():
     assert t.mean_accepted_length() == (6 + 6) / 6
     rates = t.acceptance_by_depth(4)
     assert rates == [4 / 6, 2 / 6, 0.0, 0.0] and abs(1 + sum(rates) - t.mean_accepted_length()) < 1e-12
+
+
+def test_sigterm_held_during_a_spawn_reaches_the_handler_after_it():
+    """bench spawns services under sigterm_held: a SIGTERM during the spawn reaches cmd_bench's
+    handler (SystemExit) only once the new process is in the list of those to stop."""
+    seen = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: seen.append(("handler", signum)))
+    try:
+        with sigterm_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            seen.append("spawned")
+        seen.append("after")
+        with sigterm_held():
+            seen.append("quiet")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == ["spawned", ("handler", signal.SIGTERM), "after", "quiet"]
