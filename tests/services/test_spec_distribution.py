@@ -47,11 +47,7 @@ def exact(hf, prompt_ids, prefix, params) -> torch.Tensor:
     SamplingParams(temperature=1.0, top_k=6, top_p=0.8),
 ], ids=["t0.7", "t1.3", "top_p0.8"])
 def test_tokens_after_verification_follow_the_target(engine, hf, params):
-    engine.reset()
-    prompt_ids = hf[1](PROMPT)["input_ids"]
-    ops = tuple(AddSequence(i, SamplingParams(**{**_fields(params), "seed": 1000 + i})) for i in range(N))
-    prefill = tuple(StepEntry(i, EntryKind.PREFILL, tuple(prompt_ids), True) for i in range(N))
-    first = {r.seq_id: r.tokens[0].token_id for r in engine.step(StepRequest(1, ops, prefill)).results}
+    prompt_ids, first = prefill_many(engine, hf, params, seed=1000)
 
     # Drafts from q: uniform over a few ids, overlapping the target's likely tokens but not equal.
     vocab = engine.model.config.vocab_size
@@ -69,17 +65,32 @@ def test_tokens_after_verification_follow_the_target(engine, hf, params):
     results = engine.step(StepRequest(2, (), verify, draft_step_id=1)).results
     accepted = sum(r.num_accepted for r in results)
     assert 0 < accepted < N  # both branches (accepted, recovered) were exercised
-    joint = Counter((first[r.seq_id], r.tokens[0].token_id) for r in results)
-
-    p0 = exact(hf, prompt_ids, [], params)
-    expected = {(a, b): p0[a].item() * p1[a][b].item() for a in p1 for b in p1[a].nonzero().flatten().tolist()}
-    outcomes = set(expected) | set(joint)
-    tv = 0.5 * sum(abs(joint.get(o, 0) / N - expected.get(o, 0.0)) for o in outcomes)
-    bound = 3 * math.sqrt(len(expected) / N)
-    assert tv < bound, (tv, bound)
+    assert_first_two_follow_the_target(hf, prompt_ids, params, first, p1, results)
     assert engine.stats().sequences_live == N
     engine.reset()
     assert engine.stats().kv_pages_free == engine.stats().kv_pages_total
+
+
+def prefill_many(engine, hf, params: SamplingParams, seed: int) -> tuple[list[int], dict[int, int]]:
+    """N sequences of PROMPT, sequence i seeded seed + i, prefilled in one step: (prompt ids,
+    seq_id -> its first sampled token)."""
+    engine.reset()
+    prompt_ids = hf[1](PROMPT)["input_ids"]
+    ops = tuple(AddSequence(i, SamplingParams(**{**_fields(params), "seed": seed + i})) for i in range(N))
+    prefill = tuple(StepEntry(i, EntryKind.PREFILL, tuple(prompt_ids), True) for i in range(N))
+    return prompt_ids, {r.seq_id: r.tokens[0].token_id for r in engine.step(StepRequest(1, ops, prefill)).results}
+
+
+def assert_first_two_follow_the_target(hf, prompt_ids, params, first, p1, results) -> None:
+    """The pairs (first token, the verify step's first token) follow the target's joint
+    distribution, p1[a] being the target's distribution after first token a."""
+    joint = Counter((first[r.seq_id], r.tokens[0].token_id) for r in results)
+    p0 = exact(hf, prompt_ids, [], params)
+    expected = {(a, b): p0[a].item() * p1[a][b].item() for a in p1 for b in p1[a].nonzero().flatten().tolist()}
+    outcomes = set(expected) | set(joint)
+    tv = 0.5 * sum(abs(joint.get(o, 0) / len(results) - expected.get(o, 0.0)) for o in outcomes)
+    bound = 3 * math.sqrt(len(expected) / len(results))
+    assert tv < bound, (tv, bound)
 
 
 def _fields(params: SamplingParams) -> dict:

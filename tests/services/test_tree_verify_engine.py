@@ -2,9 +2,6 @@
 attention), the accepted path's KV kept and compacted, and sampling that stays lossless with
 the draft's deterministic (top-k) children and with children it sampled from proposals it sends."""
 
-import math
-from collections import Counter
-
 import pytest
 import torch
 
@@ -12,7 +9,9 @@ from tandem.ops import AddSequence, EntryKind, StepEntry, StepRequest
 from tandem.peer import DraftProbs
 from tandem.sampling.params import SamplingParams
 from tandem.sampling.sampler import draw_without_replacement
-from tests.services.test_spec_distribution import N, PROMPT, _fields, engine, exact, hf  # noqa: F401 (fixtures)
+from tests.services.test_spec_distribution import (  # noqa: F401 (fixtures)
+    N, PROMPT, assert_first_two_follow_the_target, engine, exact, hf, prefill_many,
+)
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -68,11 +67,7 @@ def test_bad_trees_are_refused_before_anything_changes(engine):
 def test_tree_sampling_follows_the_target(engine, hf, params):
     """N sequences verify the same-shaped tree (three top-k children of the root, one
     grandchild): the first two emitted tokens follow the target's own joint distribution."""
-    engine.reset()
-    prompt_ids = hf[1](PROMPT)["input_ids"]
-    ops = tuple(AddSequence(i, SamplingParams(**{**_fields(params), "seed": 7000 + i})) for i in range(N))
-    prefill = tuple(StepEntry(i, EntryKind.PREFILL, tuple(prompt_ids), True) for i in range(N))
-    first = {r.seq_id: r.tokens[0].token_id for r in engine.step(StepRequest(1, ops, prefill)).results}
+    prompt_ids, first = prefill_many(engine, hf, params, seed=7000)
     p1 = {t: exact(hf, prompt_ids, [t], params) for t in set(first.values())}
     trees = {}
     for t in p1:  # deterministic children: the draft's top-2 guesses and an outsider
@@ -88,13 +83,7 @@ def test_tree_sampling_follows_the_target(engine, hf, params):
     results = engine.step(StepRequest(2, (), verify)).results
     depth2 = sum(r.num_accepted == 2 for r in results)
     assert 0 < sum(r.num_accepted for r in results) and depth2 > 0  # accepted, recovered and deep paths
-    joint = Counter((first[r.seq_id], r.tokens[0].token_id) for r in results)
-    p0 = exact(hf, prompt_ids, [], params)
-    expected = {(a, b): p0[a].item() * p1[a][b].item() for a in p1 for b in p1[a].nonzero().flatten().tolist()}
-    outcomes = set(expected) | set(joint)
-    tv = 0.5 * sum(abs(joint.get(o, 0) / N - expected.get(o, 0.0)) for o in outcomes)
-    bound = 3 * math.sqrt(len(expected) / N)
-    assert tv < bound, (tv, bound)
+    assert_first_two_follow_the_target(hf, prompt_ids, params, first, p1, results)
     engine.reset()
     assert engine.stats().kv_pages_free == engine.stats().kv_pages_total
 
@@ -104,11 +93,7 @@ def test_sampled_tree_children_follow_the_target_with_their_proposals(engine, hf
     (three children of the root, one grandchild), q sent as the draft sends it (one row per node):
     the first two emitted tokens follow the target's own joint distribution."""
     params = SamplingParams(temperature=1.0, top_k=6)
-    engine.reset()
-    prompt_ids = hf[1](PROMPT)["input_ids"]
-    ops = tuple(AddSequence(i, SamplingParams(**{**_fields(params), "seed": 9000 + i})) for i in range(N))
-    prefill = tuple(StepEntry(i, EntryKind.PREFILL, tuple(prompt_ids), True) for i in range(N))
-    first = {r.seq_id: r.tokens[0].token_id for r in engine.step(StepRequest(1, ops, prefill)).results}
+    prompt_ids, first = prefill_many(engine, hf, params, seed=9000)
     vocab = engine.model.config.vocab_size
     p1 = {t: exact(hf, prompt_ids, [t], params) for t in set(first.values())}
 
@@ -134,12 +119,7 @@ def test_sampled_tree_children_follow_the_target_with_their_proposals(engine, hf
     assert "do not fit" not in caplog.text  # verified with the proposals, not as top-k
     accepted = [r.num_accepted for r in results]
     assert 0 < accepted.count(0) and 0 < accepted.count(1) and 0 < accepted.count(2)
-    joint = Counter((first[r.seq_id], r.tokens[0].token_id) for r in results)
-    p0 = exact(hf, prompt_ids, [], params)
-    expected = {(a, b): p0[a].item() * p1[a][b].item() for a in p1 for b in p1[a].nonzero().flatten().tolist()}
-    outcomes = set(expected) | set(joint)
-    tv = 0.5 * sum(abs(joint.get(o, 0) / N - expected.get(o, 0.0)) for o in outcomes)
-    assert tv < 3 * math.sqrt(len(expected) / N), tv
+    assert_first_two_follow_the_target(hf, prompt_ids, params, first, p1, results)
     engine.reset()
     assert engine.stats().kv_pages_free == engine.stats().kv_pages_total
 
