@@ -184,27 +184,35 @@ def _reject_siblings(
 
     p: [V] target distribution of the parent's row. q: [V] the distribution the siblings were
     drawn from without replacement, or None for deterministic siblings (point masses).
+    A rejection changes r only where q is positive, so r is kept unnormalised with its mass z and
+    updated on q's support alone: a draft's top-64 proposal costs 64 entries a sibling, not V.
     """
-    r = p
+    r, z = p.clone(), float(p.sum())  # the residual is r / z
+    if q is not None:
+        support = q.nonzero().flatten()  # the siblings left are drawn from q_left / its mass
+        q_left = q[support].float()
     for j, t in enumerate(child_tokens):
-        q_j = q if q is not None else _one_hot(t, p)
-        r_t, q_t = float(r[t]), float(q_j[t])
+        if q is None:  # a point mass at t
+            index, q_j = torch.tensor([t], device=p.device), torch.ones(1, device=p.device)
+        else:
+            index, q_j = support, q_left / q_left.sum()
+        q_t = float(q_j[index == t].sum())
         assert q_t > 0, f"draft token {t} (child {j}) has draft probability 0"
         u = float(torch.rand(1, generator=generator, device=generator.device))
         # Accept t with probability min(1, r(t) / q(t)): where the target likes t at least as
         # much as the draft, keep it; elsewhere only in proportion r / q. On rejection the next
         # sibling (or the recovered token) serves norm(max(r - q, 0)), the mass q under-proposed.
-        if u * q_t < r_t:
-            return j, r
-        residual = (r - q_j).clamp_min_(0.0)
-        total = float(residual.sum())
-        r = residual / total if total > 0 else r  # r == q numerically: keep r
+        if u * q_t < float(r[t]) / z:
+            return j, r / z
+        before = r[index]
+        after = (before - z * q_j).clamp_min_(0.0)  # max(r - q, 0), times z
+        removed = float((before - after).sum())
+        if z - removed > 0:  # else r == q numerically: keep r
+            r[index] = after
+            z -= removed
         if q is not None:  # the next sibling was drawn from q without t
-            q = q.clone()
-            q[t] = 0.0
-            mass = float(q.sum())
-            q = q / mass if mass > 0 else q  # no mass left: a next sibling fails its assert
-    return None, r
+            q_left[support == t] = 0.0  # no mass left: a next sibling fails its assert
+    return None, r / z
 
 
 def fits_sampled_tree(draft_probs: Tensor, tree: TokenTree) -> bool:
@@ -222,13 +230,6 @@ def fits_sampled_tree(draft_probs: Tensor, tree: TokenTree) -> bool:
         if float(row[[tree.tokens[c] for c in kids]].min()) <= 0:
             return False
     return True
-
-
-def _one_hot(token_id: int, like: Tensor) -> Tensor:
-    """[V] float32 point mass at token_id, on like's device."""
-    mass = torch.zeros_like(like, dtype=torch.float32)
-    mass[token_id] = 1.0
-    return mass
 
 
 def _draft_probs_by_node(
