@@ -22,8 +22,8 @@ proposal (SpecInfer, Sequoia), the j-th scored by the j-th largest probability r
 own, and each depth's frontier is kept (`per_depth`), so that recursive rejection with the
 proposals, which the target gets one row per node, stays lossless. At temperature 1 this accepts
 more than top-k children verified as point masses: served with the shipped head (10 MT-bench
-questions, bench/results/shapes-20261203-172610 against -170930), a depth-4 tree of top-8 and 30
-nodes 1.67 tokens a verify against 1.52, of top-4 and 16 nodes 1.66 against 1.46.
+questions, bench/results/shapes-20261203-183419 against -170930), a depth-4 tree of top-8 and 30
+nodes accepts 1.90 tokens a verify against 1.52.
 
 Lock step: tandem.spec.token_tree.grow_dynamic_tree grows one tree and calls back for each
 expansion. It is pure and deterministic, so each round replays every sequence's growth from the

@@ -57,8 +57,9 @@ def _add_draft_shape_flags(p: argparse.ArgumentParser) -> None:
                    help="EAGLE trees: frontier nodes expanded per depth, children per node")
     p.add_argument("--tree-node-budget", type=int, default=_env("tree_node_budget", 16),
                    help="EAGLE trees: draft tokens (tree nodes) per sequence per step")
-    p.add_argument("--proposal-top-k", type=int, default=_env("proposal_top_k", 64),
-                   help="sampled requests: the draft proposes from its top-k tokens, renormalised (0: all)")
+    p.add_argument("--proposal-top-k", type=int, default=_env("proposal_top_k", 0),
+                   help="sampled requests: the draft proposes from its top-k tokens, renormalised (0: all;"
+                        " a cut proposal travels lighter but accepts less)")
     p.add_argument("--medusa-choices", default=_env("medusa_choices", ""),
                    help="Medusa tree: a preset of tandem.spec.token_tree (small_static_tree) or a JSON list of"
                         " rank lists (default: a chain of all heads for --shape chain, small_static_tree for tree)")

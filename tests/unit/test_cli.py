@@ -74,8 +74,8 @@ def test_up_service_args_carry_the_chosen_draft(monkeypatch):
     assert router[router.index("--spec-draft-length") + 1] == "1"
     assert draft[draft.index("--shape") + 1] == "chain"
     assert draft[draft.index("--draft-model") + 1].endswith("heads/eagle-smollm2-135m")
-    assert draft[draft.index("--proposal-top-k") + 1] == "64"
-    _, _, cut = service_args(_up("--draft", "eagle", "--proposal-top-k", "0", monkeypatch=monkeypatch), Path("/m"))
-    assert cut[cut.index("--proposal-top-k") + 1] == "0"
+    assert draft[draft.index("--proposal-top-k") + 1] == "0"
+    _, _, cut = service_args(_up("--draft", "eagle", "--proposal-top-k", "64", monkeypatch=monkeypatch), Path("/m"))
+    assert cut[cut.index("--proposal-top-k") + 1] == "64"
     config = draft_config(build_parser().parse_args(["draft", *cut[1:]]), Path("/m"))
-    assert config.proposal_top_k == 0
+    assert config.proposal_top_k == 64
