@@ -119,9 +119,9 @@ def _filtered_softmax(logits: Tensor, params: Sequence[SamplingParams]) -> Tenso
 def _filtered_rows(scaled: Tensor, params: Sequence[SamplingParams], k: int) -> Tensor:
     """scaled: [S, V] tempered logits of rows sharing top-k k (V: none); returns [S, V].
     Only the k best tokens can be kept, so only they are ranked: a top-k of a few dozen is a
-    partial sort, not a sort of the vocabulary (a draft proposing from its top 64 pays that on
-    every row). Their softmax among themselves suffices: top-p renormalises within the top-k,
-    min-p is a ratio to the best."""
+    partial sort, not a sort of the vocabulary, which every row with a top-k (a request's, or a
+    draft's cut proposal) would pay. Their softmax among themselves suffices: top-p renormalises
+    within the top-k, min-p is a ratio to the best."""
     if k < scaled.shape[1]:
         sorted_logits, order = _stable_top_k(scaled, k)
     else:

@@ -185,7 +185,8 @@ def _reject_siblings(
     p: [V] target distribution of the parent's row. q: [V] the distribution the siblings were
     drawn from without replacement, or None for deterministic siblings (point masses).
     A rejection changes r only where q is positive, so r is kept unnormalised with its mass z and
-    updated on q's support alone: a draft's top-64 proposal costs 64 entries a sibling, not V.
+    updated on q's support alone: a point mass costs one entry a sibling, a proposal cut to the
+    draft's top N (--proposal-top-k) N entries, a whole one V.
     """
     r, z = p.clone(), float(p.sum())  # the residual is r / z
     if q is not None:
