@@ -176,10 +176,10 @@ class DraftEngine:
         k = {s.seq_id: s.num_tokens for s in request.seqs}
         if self.config.shape == "tree":
             parents = dict(tokens)
-            trees = self._trees(start, k, request.draft_step_id)
+            trees, sampled = self._trees(start, k, request.draft_step_id)
             for s, tree in trees.items():
                 tokens[s], parents[s] = tree.tokens[1:], tree.parents[1:]
-            return tokens, parents, frozenset(s for s in trees if not self._seqs[s].sampler.params.greedy)
+            return tokens, parents, sampled
         if start:
             tokens.update(self._chains({s: f for s, (_, f) in start.items()}, k, request.draft_step_id))
         return tokens, None, frozenset()
@@ -212,9 +212,10 @@ class DraftEngine:
         self._reserved += needed
         return True
 
-    def _trees(self, start: dict, k: dict[int, int], draft_step_id: int) -> dict:
-        """start: seq_id -> (pending token, predicted feature [D]); returns seq_id -> TokenTree.
-        The proposals of sampled trees go to the target, one row per node."""
+    def _trees(self, start: dict, k: dict[int, int], draft_step_id: int) -> tuple[dict, frozenset]:
+        """start: seq_id -> (pending token, predicted feature [D]); returns (seq_id -> TokenTree,
+        the sequences whose children were drawn). Their proposals go to the target, one row per
+        node."""
         roots = {s: TreeRoot(t, f, self.allocator.length(s) - 1, k[s]) for s, (t, f) in start.items()}
         states = {s: self._seqs[s].sampler for s in start}
         grown = grow_trees(roots, self.head, states, self._forward_nodes,
@@ -222,7 +223,7 @@ class DraftEngine:
         sampled = {s: t.probs for s, t in grown.items() if t.probs is not None}
         if sampled:
             self.peer.send_probs(DraftProbs(draft_step_id, sampled))
-        return {s: t.grown.tree for s, t in grown.items()}
+        return {s: t.grown.tree for s, t in grown.items()}, frozenset(sampled)
 
     def _chains(self, start: dict, k: dict[int, int], draft_step_id: int) -> dict[int, tuple[int, ...]]:
         """start: seq_id -> the predicted feature [D] of its last real pair."""

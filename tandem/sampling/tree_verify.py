@@ -222,15 +222,14 @@ def fits_sampled_tree(draft_probs: Tensor, tree: TokenTree) -> bool:
     probability. A row that does not (a faulty draft) must not reach verify_tree's asserts."""
     if draft_probs.dim() != 2 or draft_probs.shape[0] != len(tree):
         return False
-    for i, kids in enumerate(tree.children):
-        if not kids:
-            continue
-        row = draft_probs[i].float()
-        if not bool(torch.isfinite(row).all()) or float(row.min()) < 0 or abs(float(row.sum()) - 1) > 1e-3:
-            return False
-        if float(row[[tree.tokens[c] for c in kids]].min()) <= 0:
-            return False
-    return True
+    internal = [i for i, kids in enumerate(tree.children) if kids]
+    if not internal:
+        return True
+    rows = draft_probs[internal].float()  # one pass over the rows the walk may read
+    kids = [(r, tree.tokens[c]) for r, i in enumerate(internal) for c in tree.children[i]]
+    at_children = rows[[r for r, _ in kids], [t for _, t in kids]]
+    return (bool(torch.isfinite(rows).all()) and float(rows.min()) >= 0
+            and float((rows.sum(dim=-1) - 1).abs().max()) <= 1e-3 and float(at_children.min()) > 0)
 
 
 def _draft_probs_by_node(
