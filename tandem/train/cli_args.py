@@ -39,6 +39,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "data_dir", str, "self-distillation shards (default: $TANDEM_HOME/train-data/<model>-<key>)")
     p.add_argument("--resume", action="store_true", default=_env_flag("resume"),
                    help="continue the run's last checkpoint (and its data); a run without one starts")
+    _flag(p, "eval_head", str, "evaluate this head folder (e.g. a shipped head) on MT-bench and, when the data "
+                                "has it, the held-out shard; no training (writes evaluation.json into --out)")
     p.add_argument("--quick", action="store_true", default=_env_flag("quick"),
                    help="tiny target, built-in prompts, a few steps (seconds; for tests)")
     _flag(p, "max_minutes", float, "end the sitting cleanly (checkpoint, head, exit 0) after this long; 0: no limit")
@@ -126,9 +128,13 @@ def _target_dir(args, home: Path, out: Path) -> Path:
 
 
 def cmd_train_draft(args) -> int:
-    from tandem.train.run import run_train_draft
+    from tandem.train.run import evaluate_head, run_train_draft
 
     cfg, home = config_from_args(args)
+    if args.eval_head:
+        evaluate_head(cfg, home, Path(args.eval_head), log=lambda m: print(m, file=sys.stderr, flush=True))
+        print(f"evaluation of {args.eval_head} in {cfg.run_dir / 'evaluation.json'}")
+        return 0
     record = run_train_draft(cfg, home, log=lambda m: print(m, file=sys.stderr, flush=True))
     ev = record.get("evaluation", {})
     print(f"{record['status']}: step {record.get('steps', 0)}/{cfg.steps}; head in {cfg.run_dir / 'head'}; "

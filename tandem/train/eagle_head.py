@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.errors import InvalidArgument
 from tandem.models.eagle_io import LAYER
 from tandem.train.losses import shifted
 
@@ -100,7 +101,8 @@ class EagleTrainHead(nn.Module):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.d2t is None else self.d2t[draft_ids]
 
-    def public_state_dict(self) -> dict[str, torch.Tensor]:
+    def _public_params(self) -> dict[str, nn.Parameter]:
+        """The trained parameters by their names in the public EAGLE checkpoint."""
         state = {"fc.weight": self.fc.weight, LAYER + "post_attention_layernorm.weight": self.post_norm}
         if self.fc.bias is not None:
             state["fc.bias"] = self.fc.bias
@@ -108,7 +110,18 @@ class EagleTrainHead(nn.Module):
             state[LAYER + f"self_attn.{name}_proj.weight"] = getattr(self, f"{name}_proj").weight
         for name in ("gate", "up", "down"):
             state[LAYER + f"mlp.{name}_proj.weight"] = getattr(self, f"{name}_proj").weight
-        return {k: v.detach().float().clone() for k, v in state.items()}
+        return state
+
+    def public_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().float().clone() for k, v in self._public_params().items()}
+
+    @torch.no_grad()
+    def load_public_state(self, state: dict[str, torch.Tensor]) -> None:
+        """The weights of a public checkpoint (a shipped head), every trained tensor required."""
+        for name, param in self._public_params().items():
+            if name not in state or state[name].shape != param.shape:
+                raise InvalidArgument(f"EAGLE checkpoint: {name} is missing or not of shape {list(param.shape)}")
+            param.copy_(state[name].float())
 
 
 @torch.no_grad()

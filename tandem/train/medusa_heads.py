@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.errors import InvalidArgument
 from tandem.models.medusa import PREFIX
 
 
@@ -46,6 +47,20 @@ class MedusaTrainHeads(nn.Module):
         vocab, d = self.head_weight(0).shape
         return {"architectures": ["MedusaModel"], "medusa_num_heads": self.num_heads,
                 "medusa_num_layers": self.num_layers, "hidden_size": d, "vocab_size": vocab}
+
+    @torch.no_grad()
+    def load_public_state(self, state: dict[str, torch.Tensor]) -> None:
+        """The weights of a public checkpoint (a shipped head) with this module's shape."""
+        wanted = self.public_state_dict().keys()
+        if set(state) != set(wanted):
+            raise InvalidArgument(f"Medusa checkpoint keys {sorted(set(state) ^ set(wanted))[:4]} do not fit "
+                                  f"{self.num_heads} heads of {self.num_layers} block(s)")
+        for i in range(self.num_heads):
+            for j in range(self.num_layers):
+                self.weight[i, j].copy_(state[f"{PREFIX}{i}.{j}.linear.weight"].float())
+                self.bias[i, j].copy_(state[f"{PREFIX}{i}.{j}.linear.bias"].float())
+            if self.lm_heads is not None:
+                self.lm_heads[i].copy_(state[f"{PREFIX}{i}.{self.num_layers}.weight"].float())
 
     def public_state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
         state = {}

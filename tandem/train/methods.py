@@ -10,6 +10,12 @@ emitted (the pending token at serve time); a greedy chain from it drafts t_{i+2}
 its accepted length is 1 (the target's own token) + the drafts equal to the target's tokens
 before the first that is not. A full top-k tree of the same depth (every node's k best children)
 accepts down to the first depth whose target token is not among the draft's k best there.
+
+Two means of the accepted length: over every anchor ("mean_accepted_length"), and over the
+anchors a served greedy decode verifies from ("walk_*": each verify step starts where the last
+one's tokens end). Serving reports the second. Where acceptance runs in streaks the two differ:
+an accepted draft skips the anchors after it, which are the easy ones, so steps land on hard
+anchors more often than their share.
 """
 
 import json
@@ -18,8 +24,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tandem.models.eagle_io import D2T_FILE, head_config_for_target, read_tensors, save_eagle_checkpoint, write_draft_vocab
-from tandem.models.medusa import save_medusa_checkpoint
+from tandem.models.eagle_io import (D2T_FILE, head_config_for_target, read_draft_vocab, read_eagle_checkpoint, read_tensors,
+                                    save_eagle_checkpoint, write_draft_vocab)
+from tandem.models.medusa import PREFIX, read_medusa_checkpoint, save_medusa_checkpoint
 from tandem.models.rope import inverse_frequencies, rope_tables
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import Batch, ShardedData
@@ -55,18 +62,73 @@ def draft_ranks(top: torch.Tensor, wanted: torch.Tensor, valid: torch.Tensor) ->
     return torch.where(hit.any(1), hit.long().argmax(1), top.shape[1])
 
 
-def _chain_metrics(ranks: list[torch.Tensor]) -> dict:
-    """ranks: per draft depth, [A] the target token's rank among the draft's best, same anchors."""
+def anchor_rows(anchors: torch.Tensor) -> torch.Tensor:
+    """anchors [N, L] bool -> [A] the sequence of each anchor, in the order anchors[mask] takes them."""
+    return anchors.nonzero()[:, 0]
+
+
+def _chain_metrics(ranks: list[torch.Tensor], rows: torch.Tensor) -> dict:
+    """ranks: per draft depth, [A] the target token's rank among the draft's best, same anchors;
+    rows [A]: each anchor's sequence, anchors of a sequence consecutive and in answer order."""
     stacked = torch.stack(ranks)
     every = torch.ones(stacked.shape[1], dtype=torch.bool)
     chain = stacked == 0
     reached = torch.cumprod(chain.long(), dim=0).float().mean(1)
+    lengths = {"chain": accepted_lengths(chain, every)} | {f"top{k}": accepted_lengths(stacked < k, every)
+                                                           for k in TREE_WIDTHS}
+    walks = {name: walk_histogram(a, rows, len(ranks) + 1) for name, a in lengths.items()}
     return {"anchors": int(stacked.shape[1]), "heldout_top1": float(chain[0].float().mean()),
-            "mean_accepted_length": float(accepted_lengths(chain, every).float().mean()), "chain_length": len(ranks),
+            "mean_accepted_length": float(lengths["chain"].float().mean()), "chain_length": len(ranks),
             "accepted_rate_by_depth": [round(float(r), 4) for r in reached],
-            "tree_accepted_length": {f"top{k}": float(accepted_lengths(stacked < k, every).float().mean())
-                                     for k in TREE_WIDTHS},
-            "tree_nodes": {f"top{k}": sum(k**d for d in range(1, len(ranks) + 1)) for k in TREE_WIDTHS}}
+            "tree_accepted_length": {f"top{k}": float(lengths[f"top{k}"].float().mean()) for k in TREE_WIDTHS},
+            "tree_nodes": {f"top{k}": sum(k**d for d in range(1, len(ranks) + 1)) for k in TREE_WIDTHS},
+            **_walk_metrics(walks)}
+
+
+def walk_histogram(lengths: torch.Tensor, rows: torch.Tensor, longest: int) -> list[int]:
+    """The verify steps of served greedy decoding over these anchors: in each sequence the first
+    step starts at its first anchor and each next one `length` anchors further (its drafts and
+    the target's token). Returns [c_0, ..., c_longest]: c_a steps accepted a tokens."""
+    counts = [0] * (longest + 1)
+    lengths, rows = lengths.tolist(), rows.tolist()
+    i = 0
+    while i < len(lengths):
+        counts[lengths[i]] += 1
+        step = i + lengths[i]
+        i = step if step < len(lengths) and rows[step] == rows[i] else _next_row(rows, i)
+    return counts
+
+
+def _next_row(rows: list[int], i: int) -> int:
+    row = rows[i]
+    while i < len(rows) and rows[i] == row:
+        i += 1
+    return i
+
+
+def _walk_metrics(walks: dict[str, list[int]]) -> dict:
+    """walk_accepted_length (chains), walk_rate_by_depth (the steps' share reaching depth d),
+    walk_tree_accepted_length, walk_steps, and the histograms (summed when batches merge)."""
+    def mean(counts: list[int]) -> float:
+        return sum(a * c for a, c in enumerate(counts)) / max(sum(counts), 1)
+
+    chain = walks["chain"]
+    steps = max(sum(chain), 1)
+    return {"walk_accepted_length": mean(chain), "walk_steps": sum(chain),
+            "walk_rate_by_depth": [round(sum(chain[d + 1:]) / steps, 4) for d in range(1, len(chain) - 1)],
+            "walk_tree_accepted_length": {k: mean(c) for k, c in walks.items() if k != "chain"},
+            "walk_histograms": walks}
+
+
+def describe_chain(metrics: dict) -> str:
+    """One line: depth-1 top-1, accepted lengths per verify as served (the walk) and over every
+    anchor, for chains and full trees."""
+    trees = metrics.get("walk_tree_accepted_length", {})
+    walked = " / ".join(f"{v:.3f}" for v in [metrics["walk_accepted_length"], *trees.values()])
+    return (f"top-1 {metrics['heldout_top1']:.3f}; accepted length per verify step, served greedy walk, chains of "
+            f"{metrics['chain_length']} / full {' / '.join(k.replace('top', 'top-') for k in trees)} trees: {walked} "
+            f"(depth 1..k {metrics['walk_rate_by_depth']}); mean over every anchor: "
+            f"{metrics['mean_accepted_length']:.3f}, {describe_trees(metrics)}")
 
 
 def describe_trees(metrics: dict) -> str:
@@ -93,7 +155,8 @@ def _merge(parts: list[dict]) -> dict:
     out["accepted_rate_by_depth"] = [round(mean(lambda p: p["accepted_rate_by_depth"][d]), 4)
                                      for d in range(len(first["accepted_rate_by_depth"]))]
     out["tree_accepted_length"] = {k: mean(lambda p: p["tree_accepted_length"][k]) for k in first["tree_accepted_length"]}
-    return out
+    walks = {k: [sum(c) for c in zip(*(p["walk_histograms"][k] for p in parts))] for k in first["walk_histograms"]}
+    return out | _walk_metrics(walks)
 
 
 def frequent_tokens(data: ShardedData, vocab_size: int, n: int) -> torch.Tensor | None:
@@ -118,6 +181,17 @@ class EagleMethod:
         d2t = saved.get("d2t") if saved else None
         if d2t is None:
             d2t = frequent_tokens(data, embed.shape[0], cfg.draft_vocab)
+        return self._head(embed, lm_head, d2t, init_from_target=cfg.init_from_target and not saved)
+
+    def load(self, head_dir: Path) -> EagleTrainHead:
+        """A head folder (a shipped head) as a training module, to evaluate it."""
+        embed, lm_head = target_embeddings(self.cfg.head_target_dir, self.dtype)
+        head = self._head(embed, lm_head, read_draft_vocab(head_dir, embed.shape[0]), init_from_target=False)
+        head.load_public_state(read_eagle_checkpoint(head_dir)[1])
+        return head
+
+    def _head(self, embed, lm_head, d2t, *, init_from_target: bool) -> EagleTrainHead:
+        cfg = self.cfg
         if d2t is not None:
             self.head_config["draft_vocab_size"] = len(d2t)
         inv_freq, scaling = inverse_frequencies(cfg.head_target_dir)
@@ -125,7 +199,7 @@ class EagleMethod:
         cos, sin = rope_tables(inv_freq, scaling, longest)
         torch.manual_seed(cfg.seed)
         head = EagleTrainHead(self.head_config, embed, lm_head, cos, sin, d2t)
-        if cfg.init_from_target and not saved:
+        if init_from_target:
             init_from_target_layer(head, target_last_layer(cfg.head_target_dir))
         return head
 
@@ -155,7 +229,7 @@ class EagleMethod:
                 top = head.to_target_ids(chunked_topk(predicted[anchors], head.lm_head, max(TREE_WIDTHS)))
                 wanted = shifted(batch.tokens, s + 2, fill=IGNORE)[anchors]
                 ranks.append(draft_ranks(top, wanted, batch.answer_mask(s + 2)[anchors]))
-            parts.append(_chain_metrics(ranks))
+            parts.append(_chain_metrics(ranks, anchor_rows(anchors)))
         return _merge(parts)
 
     def save(self, head: EagleTrainHead, out_dir) -> None:
@@ -179,6 +253,18 @@ class MedusaMethod:
         self.vocab_ids = frequent_tokens(data, lm_head.shape[0], cfg.draft_vocab)
         torch.manual_seed(cfg.seed)
         return MedusaTrainHeads(cfg.medusa_heads, cfg.medusa_layers, lm_head, cfg.medusa_lm_head == "own")
+
+    def load(self, head_dir: Path) -> MedusaTrainHeads:
+        """A head folder (a shipped head) as a training module, to evaluate it: its own number
+        of heads, blocks and lm_heads, and its pruned vocabulary."""
+        raw, state = read_medusa_checkpoint(head_dir)
+        _, lm_head = target_embeddings(self.cfg.head_target_dir, self.dtype)
+        self.vocab_ids = read_draft_vocab(head_dir, lm_head.shape[0])
+        layers = raw.get("medusa_num_layers", 1)
+        own = f"{PREFIX}0.{layers}.weight" in state
+        heads = MedusaTrainHeads(raw["medusa_num_heads"], layers, lm_head, own)
+        heads.load_public_state(state)
+        return heads
 
     def _rows(self, batch: Batch) -> torch.Tensor:
         """[N, L] bool: positions some head has a label for."""
@@ -213,7 +299,7 @@ class MedusaMethod:
                 top = self._draft(hidden[i], heads.head_weight(i))
                 wanted = shifted(batch.tokens, i + 2, fill=IGNORE)[anchors]
                 ranks.append(draft_ranks(top, wanted, batch.answer_mask(i + 2)[anchors]))
-            parts.append(_chain_metrics(ranks))
+            parts.append(_chain_metrics(ranks, anchor_rows(anchors)))
         return _merge(parts)
 
     def _draft(self, hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import ShardedData, eval_batches
 from tandem.train.loop import autocast
-from tandem.train.methods import describe_trees
+from tandem.train.methods import describe_chain
 from tandem.train.selfdistill import answers_path, features_path, make_answers, make_features, shards_done
 
 
@@ -57,7 +57,5 @@ def evaluate_on_mtbench(cfg: TrainConfig, method, module, home: Path, questions:
         with autocast(getattr(torch, cfg.compute_dtype)):
             metrics = method.evaluate(module, eval_batches(data, cfg.batch_size))
         out[dtype] = {"questions": questions, **metrics}
-        log(f"MT-bench ({dtype} target): top-1 {metrics['heldout_top1']:.3f}, mean accepted length "
-            f"{metrics['mean_accepted_length']:.3f}, by depth {metrics['accepted_rate_by_depth']}; "
-            f"{describe_trees(metrics)}")
+        log(f"MT-bench ({dtype} target): {describe_chain(metrics)}")
     return out

@@ -6,6 +6,7 @@ Run folder:
     checkpoints/              the newest checkpoint (weights, optimizer, step, loss history)
     head/                     the head in the public EAGLE / Medusa format, README.md, training.json
     training.json             the same record: data, steps, losses, held-out metrics, sittings
+    evaluation.json           `--eval-head DIR`: a head folder's metrics, with no training
 Every sitting may end at --max-minutes; run the same command with --resume until training.json
 says "status": "done".
 """
@@ -21,9 +22,9 @@ from tandem.errors import InvalidArgument
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import ShardedData, eval_batches
 from tandem.train.loop import autocast, load_checkpoint, train
-from tandem.train.methods import D2T_FILE, DRAFT_METHODS, describe_trees
+from tandem.train.methods import D2T_FILE, DRAFT_METHODS, describe_chain
 from tandem.train.mtbench_eval import evaluate_on_mtbench
-from tandem.train.selfdistill import model_name, prepare_data
+from tandem.train.selfdistill import model_name, prepare_data, shards_done
 
 HEAD = "head"
 Log = Callable[[str], None]
@@ -39,6 +40,30 @@ def run_train_draft(cfg: TrainConfig, home: Path | None, log: Log = print) -> di
         return _sitting(cfg, home, log)
     finally:
         torch.set_num_threads(threads)
+
+
+def evaluate_head(cfg: TrainConfig, home: Path | None, head_dir: Path, log: Log = print) -> dict:
+    """Evaluates a head folder (a shipped head, another run's) with no training: on the held-out
+    shard when the run's self-distilled data holds it, and on the first --eval-mtbench MT-bench
+    questions (20 by default; none in --quick mode). Writes evaluation.json into the run folder and returns it."""
+    threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        method = DRAFT_METHODS[cfg.method](cfg)
+        module = method.load(Path(head_dir))
+        evaluation = {"head": str(head_dir), "method": cfg.method}
+        if Path(cfg.data_dir).is_dir() and 0 in shards_done(cfg.data_dir, cfg.data):
+            with autocast(getattr(torch, cfg.compute_dtype)):
+                evaluation["heldout"] = method.evaluate(module, eval_batches(ShardedData(cfg.data_dir, [0]), cfg.batch_size))
+            log(f"held-out: {describe_chain(evaluation['heldout'])}")
+        if cfg.eval_mtbench:
+            evaluation["mtbench"] = evaluate_on_mtbench(cfg, method, module, home, cfg.eval_mtbench, log)
+    finally:
+        torch.set_num_threads(threads)
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.run_dir) / "evaluation.json").write_text(json.dumps(evaluation, indent=2) + "\n")
+    return evaluation
 
 
 def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
@@ -66,9 +91,7 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     eval_started = time.monotonic()
     with autocast(getattr(torch, cfg.compute_dtype)):
         evaluation = method.evaluate(module, eval_batches(heldout, cfg.batch_size))
-    log(f"held-out: top-1 {evaluation['heldout_top1']:.3f}, mean accepted length "
-        f"{evaluation['mean_accepted_length']:.3f} (greedy chains of {evaluation['chain_length']}); "
-        f"{describe_trees(evaluation)}")
+    log(f"held-out: {describe_chain(evaluation)}")
     if cfg.eval_mtbench:
         evaluation["mtbench"] = evaluate_on_mtbench(cfg, method, module, home, cfg.eval_mtbench, log)
     sitting["eval_seconds"] = round(time.monotonic() - eval_started, 1)
@@ -129,7 +152,6 @@ def model_card(cfg: TrainConfig, record: dict) -> str:
         use = "tandem up --draft medusa --draft-model <this folder>"
     if cfg.draft_vocab:
         arch += f"; pruned draft vocabulary of {cfg.draft_vocab} tokens in {D2T_FILE} (EAGLE-3 d2t/t2d)"
-    rates = ", ".join(f"{r:.3f}" for r in ev.get("accepted_rate_by_depth", []))
     return f"""# {cfg.method} draft head for {model_name(cfg.head_target_dir)}
 
 Trained by `tandem train-draft --method {cfg.method}` (self-distillation). Status: {record['status']}.
@@ -139,22 +161,17 @@ Trained by `tandem train-draft --method {cfg.method}` (self-distillation). Statu
   ({data.get('train_answer_tokens', 0)} answer tokens); {data.get('answers', '')}.
 - Training: {record.get('steps', 0)} of {cfg.steps} AdamW steps, {cfg.batch_size} sequences per step, lr {cfg.lr}
   ({cfg.schedule}, warm-up {cfg.warmup_steps}), {cfg.compute_dtype} matmuls; last logged loss {last.get('loss', '?')}.
-- Held-out ({data.get('heldout_sequences', 0)} sequences, {ev.get('anchors', 0)} anchors): depth-1 top-1
-  {ev.get('heldout_top1', float('nan')):.3f}; mean accepted length of greedy chains of {ev.get('chain_length', '?')}
-  {ev.get('mean_accepted_length', float('nan')):.3f} (tokens per verify step, the target's own included;
-  teacher-forced on the target's greedy answers); chain reaches depth 1..k: {rates};
-  {describe_trees(ev) or 'no trees evaluated'}.{_mtbench_line(ev)}
+- Held-out ({data.get('heldout_sequences', 0)} sequences, {ev.get('anchors', 0)} anchors; teacher-forced on the
+  target's greedy answers, tokens per verify step with the target's own included):
+  {describe_chain(ev) if "walk_histograms" in ev else "not evaluated"}.{_mtbench_line(ev)}
 
 Use: `{use}`. Details: training.json.
 """
 
 
 def _mtbench_line(ev: dict) -> str:
-    parts = [f"{dtype} target: top-1 {m['heldout_top1']:.3f}, mean accepted length {m['mean_accepted_length']:.3f}, "
-             f"depth 1..k {', '.join(f'{r:.3f}' for r in m['accepted_rate_by_depth'])}, {describe_trees(m)}"
-             for dtype, m in ev.get("mtbench", {}).items()]
+    parts = [f"{dtype} target: {describe_chain(m)}" for dtype, m in ev.get("mtbench", {}).items()]
     if not parts:
         return ""
     questions = next(iter(ev["mtbench"].values()))["questions"]
-    return (f"\n- On the target's own greedy answers to the first {questions} MT-bench questions (teacher-forced, "
-            f"chains of {ev.get('chain_length', '?')}): " + "; ".join(parts) + ".")
+    return f"\n- On the target's own greedy answers to the first {questions} MT-bench questions: " + "; ".join(parts) + "."

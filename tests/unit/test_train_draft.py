@@ -7,6 +7,7 @@ and --max-minutes ending with a checkpoint. One tiny target and one data folder 
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,8 +27,8 @@ from tandem.train.cli_args import config_from_args
 from tandem.train.dataset import ShardedData
 from tandem.train.loop import load_checkpoint
 from tandem.train.losses import IGNORE, linear_cross_entropy
-from tandem.train.methods import D2T_FILE, DRAFT_METHODS, _chain_metrics, _merge, draft_ranks
-from tandem.train.run import run_train_draft
+from tandem.train.methods import D2T_FILE, DRAFT_METHODS, _chain_metrics, _merge, anchor_rows, draft_ranks, walk_histogram
+from tandem.train.run import evaluate_head, run_train_draft
 from tandem.train.selfdistill import eos_ids, greedy_batch, render_prompt
 from tandem.train.sharegpt import first_user_turns, iter_complete_objects
 
@@ -109,12 +110,27 @@ def test_tree_acceptance_counts_target_tokens_within_the_drafts_top_k():
     first = draft_ranks(top, torch.tensor([5, 6, 7, 8]), torch.ones(4, dtype=torch.bool))
     second = draft_ranks(top, torch.tensor([6, 5, 5, 5]), torch.tensor([True, False, True, True]))
     assert first.tolist() == [0, 1, 2, 3] and second.tolist() == [1, 3, 0, 0]  # 3: absent or not an answer token
-    got = _chain_metrics([first, second])
+    got = _chain_metrics([first, second], torch.zeros(4, dtype=torch.long))
     assert got["mean_accepted_length"] == (2 + 1 + 1 + 1) / 4 and got["accepted_rate_by_depth"] == [0.25, 0.0]
     assert got["tree_accepted_length"] == {"top2": (3 + 2 + 1 + 1) / 4, "top3": (3 + 2 + 3 + 1) / 4}
     assert got["tree_nodes"] == {"top2": 2 + 4, "top3": 3 + 9}
-    halves = _merge([_chain_metrics([first[:1], second[:1]]), _chain_metrics([first[1:], second[1:]])])
+    # one sequence: the first step accepts 2 and skips anchor 1; the walk verifies from 0, 2 and 3
+    assert got["walk_histograms"]["chain"] == [0, 2, 1, 0] and got["walk_accepted_length"] == (2 + 1 + 1) / 3
+    assert got["walk_tree_accepted_length"] == {"top2": (3 + 1) / 2, "top3": (3 + 1) / 2}  # from 0 and 3
+    assert got["walk_rate_by_depth"] == [round(1 / 3, 4), 0.0]
+    halves = _merge([_chain_metrics([first[:1], second[:1]], torch.zeros(1, dtype=torch.long)),
+                     _chain_metrics([first[1:], second[1:]], torch.ones(3, dtype=torch.long))])
     assert halves["tree_accepted_length"] == pytest.approx(got["tree_accepted_length"]) and halves["anchors"] == 4
+    # two sequences walk apart: the second starts at its own first anchor (1), not where the first's step lands
+    assert halves["walk_histograms"]["top3"] == [0, 1, 1, 1] and halves["walk_steps"] == 4
+
+
+def test_the_walk_never_crosses_into_the_next_sequence():
+    lengths = torch.tensor([3, 1, 1, 2, 2, 1, 3])  # sequences 0 (anchors 0-2), 1 (3-4), 2 (5-6)
+    rows = torch.tensor([0, 0, 0, 1, 1, 2, 2])
+    # 0: step of 3 overshoots its 3 anchors; 1: 2 then past the end; 2: 1 then 3
+    assert walk_histogram(lengths, rows, 3) == [0, 1, 1, 2]
+    assert anchor_rows(torch.tensor([[False, True, True], [True, False, False]])).tolist() == [0, 0, 1]
 
 
 def test_batched_greedy_answers_equal_generate(tiny):
@@ -182,6 +198,22 @@ def test_trained_eagle_head_computes_what_the_serving_head_computes(tiny, data_d
     assert torch.allclose(prefill, step0[0, : anchor + 1], atol=1e-4)
     chained = decode(tokens[anchor + 2 : anchor + 3], prefill[-1:])
     assert torch.allclose(chained[0], step1[0, anchor], atol=1e-4)
+    assert_the_head_folder_evaluates_as_its_run(cfg)
+
+
+def assert_the_head_folder_evaluates_as_its_run(cfg):
+    """--eval-head on a run's head folder (public format, pruned vocabulary) gives the held-out
+    figures the run itself measured: the folder loads back into the trainer's module unchanged."""
+    args = build_parser().parse_args(["train-draft", "--quick", "--method", cfg.method, "--eval-head",
+                                      str(cfg.run_dir / "head"), "--out", str(cfg.run_dir / "re"),
+                                      "--data-dir", str(cfg.data_dir), "--model", str(cfg.head_target_dir)])
+    again, _ = config_from_args(args)
+    got = evaluate_head(again, None, Path(args.eval_head), log=lambda m: None)["heldout"]
+    want = json.loads((cfg.run_dir / "training.json").read_text())["evaluation"]
+    assert got["walk_histograms"] == want["walk_histograms"] and got["anchors"] == want["anchors"]
+    for key in ("heldout_top1", "mean_accepted_length", "walk_accepted_length"):
+        assert got[key] == pytest.approx(want[key], abs=1e-6), key
+    assert json.loads((cfg.run_dir / "re" / "evaluation.json").read_text())["heldout"]["walk_steps"] == got["walk_steps"]
 
 
 def test_quick_medusa_lowers_the_loss_and_writes_heads_that_load(tiny, data_dir, tmp_path):
@@ -198,6 +230,7 @@ def test_quick_medusa_lowers_the_loss_and_writes_heads_that_load(tiny, data_dir,
     with torch.no_grad():
         want = torch.stack([h @ module.head_weight(i).T for i, h in enumerate(module.hidden(x))], dim=1)
     assert torch.allclose(heads.logits(x), want, atol=1e-4)
+    assert_the_head_folder_evaluates_as_its_run(cfg)
 
 
 def test_medusa_with_a_pruned_vocabulary_drafts_as_its_evaluation_does(tiny, data_dir, tmp_path):
@@ -218,6 +251,7 @@ def test_medusa_with_a_pruned_vocabulary_drafts_as_its_evaluation_does(tiny, dat
         want = torch.stack([method._draft(h, module.head_weight(i)) for i, h in enumerate(module.hidden(x))], dim=1)
     assert torch.equal(heads.logits(x).topk(want.shape[-1], dim=-1).indices, want)
     assert set(want.flatten().tolist()) <= set(heads.vocab_ids.tolist())
+    assert_the_head_folder_evaluates_as_its_run(cfg)
 
 
 def test_resume_continues_the_step_count_and_the_optimizer_state(eagle_run, tiny, data_dir, tmp_path):
