@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from tandem.kv.batching import TreeInput
-from tandem.sampling.sampler import draw_without_replacement, probabilities, process_logits
+from tandem.sampling.sampler import draw_without_replacement, probabilities, process_logits, wire_proposal
 from tandem.sampling.state import SamplingState
 from tandem.spec.token_tree import DynamicTree, grow_dynamic_tree
 
@@ -82,7 +82,8 @@ class _Growth:
         if not self.sampled:
             return None
         tree, rows = self.tree.tree, self.tree.dist_rows
-        probs = torch.zeros(len(tree), self.proposals[0].shape[0], device=self.proposals[0].device)
+        first = self.proposals[0]
+        probs = torch.zeros(len(tree), first.shape[0], dtype=first.dtype, device=first.device)
         for i, kids in enumerate(tree.children):
             if kids:
                 probs[i] = self.proposals[rows[i]]
@@ -199,7 +200,7 @@ def _answer(growths, frontiers, head, states, top_k: int) -> None:
     if greedy:
         children.update(zip(greedy, _top_children(processed[greedy], top_k)))
     if sampled:
-        proposals = probabilities(processed[sampled], [states[rows[i][0]] for i in sampled])
+        proposals = wire_proposal(probabilities(processed[sampled], [states[rows[i][0]] for i in sampled]))
         for i, proposal in zip(sampled, proposals):
             g = growths[rows[i][0]]
             g.proposals.append(proposal)  # in frontier order: the sequence's expansion rows
@@ -227,7 +228,7 @@ def _drawn_children(proposal: Tensor, top_k: int, generator: torch.Generator) ->
     """A sampled row: up to top_k tokens drawn without replacement from the proposal [V], the
     j-th scored by the log of the j-th largest probability, not its own (see the module doc)."""
     ids = draw_without_replacement(proposal, top_k, generator)
-    scores = proposal.topk(len(ids)).values.log().clamp_max(0.0)
+    scores = proposal.topk(len(ids)).values.float().log().clamp_max(0.0)
     return ids.cpu(), scores.cpu()
 
 

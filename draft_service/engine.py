@@ -30,7 +30,7 @@ from tandem.kv.batching import append_batch
 from tandem.kv.cache import PagedKVCache
 from tandem.ops import AddSequence, DraftRequest, DraftResult, EngineStats, ForkSequence, PopTokens, RemoveSequence
 from tandem.peer import DraftProbs, HiddenPairs
-from tandem.sampling.sampler import draw, probabilities, process_logits
+from tandem.sampling.sampler import draw, probabilities, process_logits, wire_proposal
 from tandem.sampling.state import SamplingState
 from tandem.telemetry.tracing import Tracing, ending, span_continuing
 
@@ -282,7 +282,7 @@ class DraftEngine:
         processed = process_logits(logits[None], [state])
         if state.params.greedy:
             return int(processed[0].argmax()), None
-        q = probabilities(processed, [state])
+        q = wire_proposal(probabilities(processed, [state]))  # what the target verifies with
         return int(draw(q, [state.generator])[0]), q[0]
 
 

@@ -245,11 +245,17 @@ def draft_probs_to_pb(d: DraftProbs) -> pb.DraftToTarget:
 
 
 def _probs_to_pb(seq_id: int, probs) -> pb.SeqDraftProbs:
+    """Sparse when under a quarter of the entries are nonzero (a cut proposal), else the nonzero
+    rows (a tree's leaves have none), else dense."""
     flat = probs.flatten()
     index = flat.nonzero().flatten()
-    if 4 * len(index) >= len(flat):
+    if 4 * len(index) < len(flat):
+        return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), flat_index=index.tolist(),
+                                values=tensor_to_pb(flat[index]))
+    rows = (probs != 0).any(dim=-1).nonzero().flatten()
+    if len(rows) == len(probs):
         return pb.SeqDraftProbs(seq_id=seq_id, probs=tensor_to_pb(probs))
-    return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), flat_index=index.tolist(), values=tensor_to_pb(flat[index]))
+    return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), rows=rows.tolist(), probs=tensor_to_pb(probs[rows]))
 
 
 def draft_probs_from_pb(m: pb.DraftToTarget, device="cpu") -> DraftProbs:
@@ -257,9 +263,18 @@ def draft_probs_from_pb(m: pb.DraftToTarget, device="cpu") -> DraftProbs:
 
 
 def _probs_from_pb(m: pb.SeqDraftProbs, device):
-    if m.HasField("probs"):
+    if m.HasField("probs") and not m.rows:
         return tensor_from_pb(m.probs, device)
+    if m.HasField("probs"):
+        kept = tensor_from_pb(m.probs, device)
+        if len(m.shape) != 2 or kept.dim() != 2 or kept.shape != (len(m.rows), m.shape[1]) or max(m.rows) >= m.shape[0]:
+            raise InvalidArgument(f"draft probabilities: {len(m.rows)} rows of shape {list(kept.shape)} do not fit {list(m.shape)}")
+        dense = torch.zeros(tuple(m.shape), dtype=kept.dtype, device=device)
+        dense[torch.tensor(list(m.rows), dtype=torch.int64, device=device)] = kept
+        return dense
     values = tensor_from_pb(m.values, device)
     dense = torch.zeros(tuple(m.shape), dtype=values.dtype, device=device)
+    if len(m.flat_index) != values.numel() or (len(m.flat_index) and not 0 <= min(m.flat_index) <= max(m.flat_index) < dense.numel()):
+        raise InvalidArgument(f"draft probabilities: {len(m.flat_index)} sparse entries do not fit {list(m.shape)}")
     dense.view(-1)[torch.tensor(list(m.flat_index), dtype=torch.int64, device=device)] = values
     return dense

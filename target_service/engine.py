@@ -35,7 +35,7 @@ from tandem.ops import (
     StepResult,
 )
 from tandem.sampling.params import SamplingParams
-from tandem.sampling.sampler import sample
+from tandem.sampling.sampler import received_proposal, sample
 from tandem.peer import HiddenPairs, HiddenStep, TargetPeer
 from tandem.sampling.state import SamplingState
 from tandem.sampling.tree_verify import fits_sampled_tree, verify_tree
@@ -254,6 +254,7 @@ class TargetEngine:
             not self._samplers[e.seq_id].params.greedy and (e.sampled_tree or not e.tree_parents) for e in entries
         )
         probs = (self.peer.take_probs(draft_step_id, self.config.draft_probs_timeout_s) or {}) if need_probs else {}
+        probs = {s: received_proposal(q) for s, q in probs.items()}  # fp16 on the wire
         out = {}
         for e in entries:
             k = e.num_draft_tokens

@@ -9,7 +9,8 @@ import grpc
 import torch
 
 from tandem import codec
-from tandem.peer import HiddenStep, TargetPeer
+from tandem.errors import InvalidArgument
+from tandem.peer import DraftProbs, HiddenStep, TargetPeer
 from tandem.telemetry.tracing import Tracing, ending, server_span
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 from target_service.engine import TargetEngine
@@ -73,7 +74,13 @@ def compute_thread(name: str, threads: int) -> ThreadPoolExecutor:
 def _read_probs(peer: TargetPeer, request_iterator, out: queue.Queue) -> None:
     try:
         for message in request_iterator:
-            peer.put_probs(codec.draft_probs_from_pb(message))
+            try:
+                probs = codec.draft_probs_from_pb(message)
+            except InvalidArgument as e:  # the stream stays; that step verifies its drafts as top-k
+                logging.getLogger(__name__).warning("target: draft step %d's probabilities dropped: %s",
+                                                    message.draft_step_id, e)
+                probs = DraftProbs(message.draft_step_id, {})  # no wait for rows that will not come
+            peer.put_probs(probs)
     except grpc.RpcError:
         pass
     finally:

@@ -185,6 +185,27 @@ def draw(probs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
     return (probs / e).argmax(dim=-1)
 
 
+PROPOSAL_WIRE_DTYPE = torch.float16
+
+
+def wire_proposal(q: Tensor) -> Tensor:
+    """A draft's proposal rows as they travel to the target, in fp16 (half the bytes of fp32).
+    The draft draws from these rounded values, not from q: `draw`'s race is indifferent to a
+    row's scale, and the target verifies with the same values renormalised (`received_proposal`),
+    so rounding changes the proposal, never losslessness. Entries under fp16's range (< 6e-8)
+    become 0 and are never drafted."""
+    return q.to(PROPOSAL_WIRE_DTYPE)
+
+
+def received_proposal(rows: Tensor) -> Tensor:
+    """float32 proposal rows, each with positive mass scaled to sum to 1; zero rows (tree leaves)
+    and rows that are not distributions (negative or non-finite entries) are left as they are,
+    for the caller's checks."""
+    rows = rows.float()
+    mass = rows.sum(dim=-1, keepdim=True)
+    return torch.where(mass > 0, rows / mass.clamp_min(torch.finfo(torch.float32).tiny), rows)
+
+
 def draw_without_replacement(probs: Tensor, k: int, generator: torch.Generator) -> Tensor:
     """Up to k distinct tokens drawn one after another from probs [V], each from probs with the
     earlier ones removed and renormalised: the k first finishers of `draw`'s race (p / E, highest

@@ -82,6 +82,43 @@ def test_target_rejects_bad_steps_and_keeps_state(services):
     assert generate(services.stub, prompt="hi", params=P(max_tokens=2, ignore_eos=True))[0]
 
 
+def test_malformed_draft_probabilities_are_dropped_and_the_peer_stream_stays_up(tiny_model):
+    """Rows that do not fit their shape: that draft step gets none (its step verifies as top-k
+    at once, no wait for rows), and the next message on the same stream is read."""
+    import threading
+
+    import torch
+
+    from tandem import codec
+    from tandem.peer import DraftProbs
+    from target_service.config import TargetConfig
+    from target_service.server import start_target
+
+    server, _, port, engine, _ = start_target(TargetConfig(model_dir=tiny_model, port=0, kv_cache_tokens=256, kv_page_size=8))
+    rows = torch.zeros(3, 50, dtype=torch.float16)
+    rows[0] = 0.02  # one row of three: sent row-sparse
+    bad = codec.draft_probs_to_pb(DraftProbs(5, {1: rows}))
+    bad.seqs[0].rows[0] = 7  # past the 3 rows
+    done = threading.Event()
+
+    def draft_side():
+        yield bad
+        yield codec.draft_probs_to_pb(DraftProbs(6, {1: rows}))
+        done.wait(30)
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stream = engine_pb2_grpc.TargetEngineStub(ch).Peer(draft_side())
+            next(stream)  # the target's hello
+            assert engine.peer.take_probs(5, timeout=10) == {}
+            assert torch.equal(engine.peer.take_probs(6, timeout=10)[1], rows)
+            done.set()
+            stream.cancel()
+    finally:
+        done.set()
+        server.stop(0)
+
+
 def test_health_and_reflection_on_both_services(services):
     for port, service in ((services.router_port, "tandem.v1.Generation"), (services.target_port, "tandem.v1.TargetEngine")):
         with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:

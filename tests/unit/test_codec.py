@@ -1,9 +1,11 @@
 """Round trips of the peer-stream tensors (dense, sparse draft probabilities, bf16) and of
 the engine info and sequence ops."""
 
+import pytest
 import torch
 
 from tandem import codec
+from tandem.errors import InvalidArgument
 from tandem.ops import DraftResult, EngineInfo, EntryKind, ForkSequence, StepEntry, StepRequest
 from tandem.peer import DraftProbs, HiddenPairs, HiddenStep
 from tandem.sampling.params import SamplingParams
@@ -30,6 +32,36 @@ def test_draft_probs_sparse_when_truncated_dense_otherwise():
     assert back.draft_step_id == 4
     assert torch.equal(back.probs[1], truncated) and torch.equal(back.probs[2], full)
     assert message.ByteSize() < 2 * 1000 * 4 + 200  # the sparse row costs bytes, not a vocabulary
+
+
+def test_a_trees_rows_travel_in_fp16_without_its_leaves():
+    """A drawn tree's [N, V] rows: zero rows for leaves are not sent, the others as fp16 bits."""
+    rows = torch.zeros(5, 1000, dtype=torch.float16)
+    rows[[0, 2]] = torch.softmax(torch.randn(2, 1000), -1).half()
+    message = codec.draft_probs_to_pb(DraftProbs(3, {7: rows}))
+    (seq,) = message.seqs
+    assert list(seq.rows) == [0, 2] and list(seq.shape) == [5, 1000] and seq.probs.dtype == "float16"
+    assert message.ByteSize() < 2 * 1000 * 2 + 200  # two fp16 rows
+    back = codec.draft_probs_from_pb(message).probs[7]
+    assert back.dtype == torch.float16 and torch.equal(back, rows)
+    full = torch.softmax(torch.randn(3, 1000), -1).half()  # a chain's rows: every row kept, dense
+    message = codec.draft_probs_to_pb(DraftProbs(4, {1: full}))
+    assert not message.seqs[0].rows and torch.equal(codec.draft_probs_from_pb(message).probs[1], full)
+
+
+def test_draft_probs_that_do_not_fit_their_shape_are_invalid_arguments():
+    rows = torch.zeros(4, 100)
+    rows[1] = 0.01
+    message = codec.draft_probs_to_pb(DraftProbs(3, {7: rows}))
+    message.seqs[0].rows[0] = 9  # past the 4 rows
+    with pytest.raises(InvalidArgument, match="do not fit"):
+        codec.draft_probs_from_pb(message)
+    sparse = torch.zeros(4, 100)
+    sparse[0, 5] = 1.0
+    message = codec.draft_probs_to_pb(DraftProbs(3, {7: sparse}))
+    message.seqs[0].flat_index[0] = 400  # past the 400 entries
+    with pytest.raises(InvalidArgument, match="do not fit"):
+        codec.draft_probs_from_pb(message)
 
 
 def test_hidden_step_round_trip():

@@ -7,7 +7,8 @@ import torch
 
 from tandem.errors import FailedPrecondition, InvalidArgument
 from tandem.sampling.params import MAX_TOP_LOGPROBS, SamplingParams
-from tandem.sampling.sampler import draw_without_replacement, probabilities, process_logits, sample
+from tandem.sampling.sampler import (draw_without_replacement, probabilities, process_logits, received_proposal, sample,
+                                     wire_proposal)
 from tandem.sampling.state import SamplingState
 
 V = 8
@@ -300,6 +301,22 @@ def test_draw_without_replacement_draws_in_order_from_the_rest():
     assert draw_without_replacement(q, 10, g).tolist().__len__() == 4  # only the positive entries
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
     assert torch.equal(draw_without_replacement(q, 3, g1), draw_without_replacement(q, 3, g2))
+
+
+def test_wire_proposals_are_what_the_draft_draws_from_and_the_target_verifies_with():
+    """fp16 rows: tokens under fp16's range are never drafted; the target renormalises the same
+    values (not the draft's fp32 ones), and leaves zero rows (leaves) and bad rows to its checks."""
+    q = torch.tensor([[0.6, 1e-9, 0.4 - 1e-9, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    wire = wire_proposal(q)
+    assert wire.dtype == torch.float16 and wire[0, 1] == 0  # flushed: never drawn
+    g = torch.Generator().manual_seed(3)
+    drawn = {t for _ in range(200) for t in draw_without_replacement(wire[0], 3, g).tolist()}
+    assert drawn == {0, 2}
+    got = received_proposal(wire)
+    assert got.dtype == torch.float32 and torch.equal(got[1], torch.zeros(4))
+    assert torch.allclose(got[0], wire[0].float() / wire[0].float().sum()) and abs(float(got[0].sum()) - 1) < 1e-6
+    bad = received_proposal(torch.tensor([[0.5, -0.2, 0.0, 0.0]]))
+    assert bad.min() < 0  # a faulty row stays faulty: the target's fits_sampled_tree rejects it
 
 
 def _sorted_reference(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
