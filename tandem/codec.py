@@ -248,8 +248,8 @@ def _probs_to_pb(seq_id: int, probs) -> pb.SeqDraftProbs:
     """Sparse when under a quarter of the entries are nonzero (a cut proposal), else the nonzero
     rows (a tree's leaves have none), else dense."""
     flat = probs.flatten()
-    index = flat.nonzero().flatten()
-    if 4 * len(index) < len(flat):
+    if 4 * int(torch.count_nonzero(flat)) < len(flat):  # counted first: whole rows would make millions of indices
+        index = flat.nonzero().flatten()
         return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), flat_index=index.tolist(),
                                 values=tensor_to_pb(flat[index]))
     rows = (probs != 0).any(dim=-1).nonzero().flatten()

@@ -201,9 +201,11 @@ def received_proposal(rows: Tensor) -> Tensor:
     """float32 proposal rows, each with positive mass scaled to sum to 1; zero rows (tree leaves)
     and rows that are not distributions (negative or non-finite entries) are left as they are,
     for the caller's checks."""
-    rows = rows.float()
-    mass = rows.sum(dim=-1, keepdim=True)
-    return torch.where(mass > 0, rows / mass.clamp_min(torch.finfo(torch.float32).tiny), rows)
+    out = rows.float()
+    if out.data_ptr() == rows.data_ptr():  # fp32 rows: .float() is the caller's tensor
+        out = out.clone()
+    mass = out.sum(dim=-1, keepdim=True)
+    return out.div_(torch.where(mass > 0, mass, torch.ones_like(mass)))  # in place: no where over [N, V]
 
 
 def draw_without_replacement(probs: Tensor, k: int, generator: torch.Generator) -> Tensor:
