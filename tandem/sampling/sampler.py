@@ -199,8 +199,7 @@ def wire_proposal(q: Tensor) -> Tensor:
 
 def received_proposal(rows: Tensor) -> Tensor:
     """float32 proposal rows, each with positive mass scaled to sum to 1; zero rows (tree leaves)
-    and rows that are not distributions (negative or non-finite entries) are left as they are,
-    for the caller's checks."""
+    stay zero, and negative or non-finite entries stay so for the caller's checks to reject."""
     out = rows.float()
     if out.data_ptr() == rows.data_ptr():  # fp32 rows: .float() is the caller's tensor
         out = out.clone()
