@@ -13,6 +13,7 @@ pair of the target's latest step for it); a sequence without one gets no drafts.
 """
 
 import json
+from pathlib import Path
 import threading
 import time
 from dataclasses import dataclass
@@ -175,11 +176,19 @@ class MedusaDraftEngine:
         return self._pruned[depth]
 
 
+HEAD_CHOICES_FILE = "medusa_choices.json"  # a head folder's static tree: a JSON list of rank lists
+
+
 def medusa_choices(config: DraftConfig, num_heads: int) -> tuple[Choice, ...]:
     """config.medusa_choices (a preset name of tandem.spec.token_tree, any case, or a JSON list
-    of rank lists); when empty, a chain of num_heads for shape "chain", SMALL_STATIC_TREE for
-    "tree". Choices deeper than the heads reach are dropped; sorted in Medusa's order."""
+    of rank lists); when empty, a chain of num_heads for shape "chain", and for "tree" the head
+    folder's own tree (HEAD_CHOICES_FILE, built from measured ranks by tandem train-draft's
+    evaluation) or else SMALL_STATIC_TREE. Choices deeper than the heads reach are dropped;
+    sorted in Medusa's order."""
     spec = config.medusa_choices.strip()
+    own = Path(config.model_dir) / HEAD_CHOICES_FILE if config.model_dir else None
+    if not spec and config.shape == "tree" and own is not None and own.is_file():
+        spec = own.read_text().strip()
     if not spec:
         raw = chain_choices(num_heads) if config.shape == "chain" else token_tree.SMALL_STATIC_TREE
     elif spec.startswith("["):

@@ -28,6 +28,7 @@ from tandem.models.eagle_io import (D2T_FILE, head_config_for_target, read_draft
                                     save_eagle_checkpoint, write_draft_vocab)
 from tandem.models.medusa import PREFIX, read_medusa_checkpoint, save_medusa_checkpoint
 from tandem.models.rope import inverse_frequencies, rope_tables
+from tandem.spec.token_tree import SMALL_STATIC_TREE
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import Batch, ShardedData
 from tandem.train.eagle_head import EagleTrainHead, init_from_target_layer
@@ -36,6 +37,8 @@ from tandem.train.medusa_heads import MedusaTrainHeads
 
 STEP_DECAY = 0.8  # weight of draft step / head i: 0.8 ** i (Medusa-1's decay, EAGLE-3's TTT weights)
 TREE_WIDTHS = (2, 3)  # the full top-k trees evaluated next to the greedy chains
+STATIC_TREE_WIDTH = 8  # Medusa: ranks a static tree built from the evaluation may use per head
+STATIC_TREE_SIZES = (10, 30, 60)  # its node counts: the served default's size, and GPU sizes
 
 
 def target_embeddings(target_dir, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,6 +123,58 @@ def _walk_metrics(walks: dict[str, list[int]]) -> dict:
             "walk_histograms": walks}
 
 
+def static_tree_lengths(ranks: torch.Tensor, choices, width: int) -> torch.Tensor:
+    """ranks [H, A]: per head the rank of the target's token among its best `width` (width:
+    absent); choices: a prefix-closed set of rank paths (Medusa's static tree) -> [A] the tokens
+    one verify step of that tree yields from each anchor: 1 + the deepest choice its ranks follow."""
+    chosen, out = set(map(tuple, choices)), []
+    for col in ranks.T.tolist():
+        depth = 0
+        while depth < len(col) and col[depth] < width and tuple(col[: depth + 1]) in chosen:
+            depth += 1
+        out.append(1 + depth)
+    return torch.tensor(out, dtype=torch.long)
+
+
+def best_static_tree(ranks: torch.Tensor, size: int, width: int) -> tuple[tuple[int, ...], ...]:
+    """The `size` rank paths the most anchors follow, as a static tree (Medusa builds its trees
+    from such statistics). A path is followed at most as often as its parent, so taking paths by
+    count (ties: shallower, then lower ranks) with their parent already in maximises the mean
+    accepted length over these anchors for that size."""
+    counts: dict[tuple[int, ...], int] = {}
+    for col in ranks.T.tolist():
+        for depth in range(len(col)):
+            if col[depth] >= width:
+                break
+            path = tuple(col[: depth + 1])
+            counts[path] = counts.get(path, 0) + 1
+    chosen: set[tuple[int, ...]] = set()
+    for path in sorted(counts, key=lambda c: (-counts[c], len(c), c)):
+        if len(chosen) == size:
+            break
+        if len(path) == 1 or path[:-1] in chosen:
+            chosen.add(path)
+    return tuple(sorted(chosen, key=lambda c: (len(c), c)))
+
+
+def static_tree_metrics(ranks: torch.Tensor, rows: torch.Tensor, width: int, sizes=STATIC_TREE_SIZES) -> dict:
+    """Static trees fit on the first half of the sequences and measured on the other half (so the
+    figures are not the fit's own data): {size: choices, mean and walked accepted length}."""
+    cut = rows.unique()[len(rows.unique()) // 2]
+    fit, held = rows < cut, rows >= cut
+
+    def measured(choices) -> dict:
+        lengths = static_tree_lengths(ranks[:, held], choices, width)
+        walk = walk_histogram(lengths, rows[held], ranks.shape[0] + 1)
+        return {"choices": [list(c) for c in choices], "mean_accepted_length": float(lengths.float().mean()),
+                "walk_accepted_length": sum(a * c for a, c in enumerate(walk)) / max(sum(walk), 1)}
+
+    out = {str(size): measured(best_static_tree(ranks[:, fit], size, width)) for size in sizes}
+    # the served default when a head folder names no tree, on the same half
+    out["default"] = measured(tuple(c for c in SMALL_STATIC_TREE if len(c) <= ranks.shape[0]))
+    return out
+
+
 def describe_chain(metrics: dict) -> str:
     """One line: depth-1 top-1, accepted lengths per verify as served (the walk) and over every
     anchor, for chains and full trees."""
@@ -128,7 +183,17 @@ def describe_chain(metrics: dict) -> str:
     return (f"top-1 {metrics['heldout_top1']:.3f}; accepted length per verify step, served greedy walk, chains of "
             f"{metrics['chain_length']} / full {' / '.join(k.replace('top', 'top-') for k in trees)} trees: {walked} "
             f"(depth 1..k {metrics['walk_rate_by_depth']}); mean over every anchor: "
-            f"{metrics['mean_accepted_length']:.3f}, {describe_trees(metrics)}")
+            f"{metrics['mean_accepted_length']:.3f}, {describe_trees(metrics)}{_describe_static(metrics)}")
+
+
+def _describe_static(metrics: dict) -> str:
+    trees = metrics.get("static_trees")
+    if not trees:
+        return ""
+    sizes = [k for k in trees if k != "default"]
+    walked = " / ".join(f"{trees[k]['walk_accepted_length']:.3f}" for k in sizes)
+    return (f"; static trees of {' / '.join(sizes)} nodes (fit on half the sequences, measured on the other), walked: "
+            f"{walked} (the {len(trees['default']['choices'])}-node default: {trees['default']['walk_accepted_length']:.3f})")
 
 
 def describe_trees(metrics: dict) -> str:
@@ -290,7 +355,8 @@ class MedusaMethod:
 
     @torch.no_grad()
     def evaluate(self, heads: MedusaTrainHeads, batches) -> dict:
-        parts = []
+        """Chain and full-tree metrics, and static trees built from the ranks (static_tree_metrics)."""
+        parts, all_ranks, all_rows, seen = [], [], [], 0
         for batch in batches:
             anchors = batch.answer_mask(1) & batch.answer_mask(2)
             hidden = heads.hidden(batch.features[anchors].to(self.dtype))
@@ -299,12 +365,17 @@ class MedusaMethod:
                 top = self._draft(hidden[i], heads.head_weight(i))
                 wanted = shifted(batch.tokens, i + 2, fill=IGNORE)[anchors]
                 ranks.append(draft_ranks(top, wanted, batch.answer_mask(i + 2)[anchors]))
-            parts.append(_chain_metrics(ranks, anchor_rows(anchors)))
-        return _merge(parts)
+            rows = anchor_rows(anchors)
+            parts.append(_chain_metrics(ranks, rows))
+            all_ranks.append(torch.stack(ranks))
+            all_rows.append(rows + seen)
+            seen += len(anchors)
+        trees = static_tree_metrics(torch.cat(all_ranks, 1), torch.cat(all_rows), STATIC_TREE_WIDTH)
+        return _merge(parts) | {"static_trees": trees}
 
     def _draft(self, hidden: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
-        """The best drafts of each row, [T, max(TREE_WIDTHS)], within the pruned vocabulary when there is one."""
-        k = max(TREE_WIDTHS)
+        """The best drafts of each row, [T, STATIC_TREE_WIDTH], within the pruned vocabulary when there is one."""
+        k = max(STATIC_TREE_WIDTH, *TREE_WIDTHS)
         if self.vocab_ids is None:
             return chunked_topk(hidden, lm_head, k)
         return self.vocab_ids[chunked_topk(hidden, lm_head[self.vocab_ids], k)]

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from draft_service.config import DraftConfig
-from draft_service.medusa_engine import MedusaDraftEngine, medusa_choices
+from draft_service.medusa_engine import HEAD_CHOICES_FILE, MedusaDraftEngine, medusa_choices
 from draft_service.peer_client import DraftPeer
 from tandem.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from tandem.models.medusa import (
@@ -321,6 +321,20 @@ def test_choices_from_json_and_from_a_preset():
     assert medusa_choices(config, 2) == ((0,), (0, 0))  # deeper than the heads: dropped
     tree = DraftConfig(method="medusa", model_dir=None, target_model_dir=None, shape="tree")
     assert medusa_choices(tree, 4) == SMALL_STATIC_TREE
+
+
+def test_a_head_folders_own_tree_is_its_default(tmp_path):
+    (tmp_path / HEAD_CHOICES_FILE).write_text("[[0], [0, 0], [1], [0, 0, 0], [0, 1]]")
+    tree = DraftConfig(method="medusa", model_dir=tmp_path, target_model_dir=None, shape="tree")
+    assert medusa_choices(tree, 3) == ((0,), (1,), (0, 0), (0, 1), (0, 0, 0))
+    assert medusa_choices(tree, 2) == ((0,), (1,), (0, 0), (0, 1))
+    named = DraftConfig(method="medusa", model_dir=tmp_path, target_model_dir=None, shape="tree", medusa_choices="[[0]]")
+    assert medusa_choices(named, 3) == ((0,),)  # --medusa-choices wins
+    chain = DraftConfig(method="medusa", model_dir=tmp_path, target_model_dir=None, shape="chain")
+    assert medusa_choices(chain, 2) == ((0,), (0, 0))
+    (tmp_path / HEAD_CHOICES_FILE).write_text("[[1, 0]]")  # no parent: the folder's tree is checked too
+    with pytest.raises(InvalidArgument):
+        medusa_choices(tree, 3)
 
 
 @pytest.mark.parametrize("spec", ["[[0], [1, 0, 0]]", "no_such_tree", "[[0], [-1]]", "[1, 2]", "{", "[]"])

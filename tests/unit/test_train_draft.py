@@ -27,7 +27,8 @@ from tandem.train.cli_args import config_from_args
 from tandem.train.dataset import ShardedData
 from tandem.train.loop import load_checkpoint
 from tandem.train.losses import IGNORE, linear_cross_entropy
-from tandem.train.methods import D2T_FILE, DRAFT_METHODS, _chain_metrics, _merge, anchor_rows, draft_ranks, walk_histogram
+from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, _chain_metrics, _merge, anchor_rows, best_static_tree, draft_ranks,
+                                  static_tree_lengths, static_tree_metrics, walk_histogram)
 from tandem.train.run import evaluate_head, run_train_draft
 from tandem.train.selfdistill import eos_ids, greedy_batch, render_prompt
 from tandem.train.sharegpt import first_user_turns, iter_complete_objects
@@ -123,6 +124,22 @@ def test_tree_acceptance_counts_target_tokens_within_the_drafts_top_k():
     assert halves["tree_accepted_length"] == pytest.approx(got["tree_accepted_length"]) and halves["anchors"] == 4
     # two sequences walk apart: the second starts at its own first anchor (1), not where the first's step lands
     assert halves["walk_histograms"]["top3"] == [0, 1, 1, 1] and halves["walk_steps"] == 4
+
+
+def test_a_static_tree_from_rank_statistics_keeps_the_paths_most_anchors_follow():
+    # heads x anchors: ranks of the target's token (3: absent)
+    ranks = torch.tensor([[0, 0, 0, 1, 1, 2, 3, 0],
+                          [0, 0, 1, 0, 3, 0, 0, 3]])
+    assert best_static_tree(ranks, 3, 3) == ((0,), (1,), (0, 0))  # counts 4, 2, then (0,0) 2 before (2,) 1
+    tree = best_static_tree(ranks, 5, 3)
+    assert set(tree) == {(0,), (1,), (0, 0), (2,), (0, 1)} and all(len(c) == 1 or c[:-1] in tree for c in tree)
+    assert static_tree_lengths(ranks, ((0,), (0, 0)), 3).tolist() == [3, 3, 2, 1, 1, 1, 1, 2]
+    # fit on sequence 0 (anchors 0-3), measured on sequence 1 (anchors 4-7)
+    got = static_tree_metrics(ranks, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), 3, sizes=(2,))["2"]
+    assert got["choices"] == [[0], [0, 0]] and got["mean_accepted_length"] == (1 + 1 + 1 + 2) / 4
+    assert got["walk_accepted_length"] == (1 + 1 + 1 + 2) / 4  # every step here moves one anchor but the last
+    default = static_tree_metrics(ranks, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), 3, sizes=())["default"]
+    assert default["mean_accepted_length"] == (2 + 2 + 1 + 2) / 4  # (1, _), (2, 0): (2,) only, (3, 0): none, (0, _)
 
 
 def test_the_walk_never_crosses_into_the_next_sequence():
