@@ -13,10 +13,10 @@ pair of the target's latest step for it); a sequence without one gets no drafts.
 """
 
 import json
-from pathlib import Path
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from opentelemetry.trace import INVALID_SPAN, Span
