@@ -48,26 +48,28 @@ class MedusaTrainHeads(nn.Module):
         return {"architectures": ["MedusaModel"], "medusa_num_heads": self.num_heads,
                 "medusa_num_layers": self.num_layers, "hidden_size": d, "vocab_size": vocab}
 
-    @torch.no_grad()
-    def load_public_state(self, state: dict[str, torch.Tensor]) -> None:
-        """The weights of a public checkpoint (a shipped head) with this module's shape."""
-        wanted = self.public_state_dict().keys()
-        if set(state) != set(wanted):
-            raise InvalidArgument(f"Medusa checkpoint keys {sorted(set(state) ^ set(wanted))[:4]} do not fit "
-                                  f"{self.num_heads} heads of {self.num_layers} block(s)")
-        for i in range(self.num_heads):
-            for j in range(self.num_layers):
-                self.weight[i, j].copy_(state[f"{PREFIX}{i}.{j}.linear.weight"].float())
-                self.bias[i, j].copy_(state[f"{PREFIX}{i}.{j}.linear.bias"].float())
-            if self.lm_heads is not None:
-                self.lm_heads[i].copy_(state[f"{PREFIX}{i}.{self.num_layers}.weight"].float())
-
-    def public_state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    def _public_tensors(self) -> dict[str, torch.Tensor]:
+        """Views of the trained tensors by their names in the public Medusa checkpoint."""
         state = {}
         for i in range(self.num_heads):
             for j in range(self.num_layers):
-                state[f"{PREFIX}{i}.{j}.linear.weight"] = self.weight[i, j].detach().float().clone()
-                state[f"{PREFIX}{i}.{j}.linear.bias"] = self.bias[i, j].detach().float().clone()
+                state[f"{PREFIX}{i}.{j}.linear.weight"] = self.weight[i, j]
+                state[f"{PREFIX}{i}.{j}.linear.bias"] = self.bias[i, j]
             if self.lm_heads is not None:
-                state[f"{PREFIX}{i}.{self.num_layers}.weight"] = self.lm_heads[i].detach().to(dtype).clone()
+                state[f"{PREFIX}{i}.{self.num_layers}.weight"] = self.lm_heads[i]
         return state
+
+    @torch.no_grad()
+    def load_public_state(self, state: dict[str, torch.Tensor]) -> None:
+        """The weights of a public checkpoint (a shipped head) with this module's shape."""
+        mine = self._public_tensors()
+        if set(state) != set(mine) or any(state[k].shape != t.shape for k, t in mine.items()):
+            raise InvalidArgument(f"Medusa checkpoint tensors do not fit {self.num_heads} heads of {self.num_layers} "
+                                  f"block(s) (names differing: {sorted(set(state) ^ set(mine))[:4]})")
+        for name, t in mine.items():
+            t.copy_(state[name].float())
+
+    def public_state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """lm_heads in `dtype`, the blocks in fp32."""
+        lm = f".{self.num_layers}.weight"
+        return {k: v.detach().to(dtype if k.endswith(lm) else torch.float32).clone() for k, v in self._public_tensors().items()}

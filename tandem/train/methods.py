@@ -160,7 +160,8 @@ def best_static_tree(ranks: torch.Tensor, size: int, width: int) -> tuple[tuple[
 def static_tree_metrics(ranks: torch.Tensor, rows: torch.Tensor, width: int, sizes=STATIC_TREE_SIZES) -> dict:
     """Static trees fit on the first half of the sequences and measured on the other half (so the
     figures are not the fit's own data): {size: choices, mean and walked accepted length}."""
-    cut = rows.unique()[len(rows.unique()) // 2]
+    sequences = rows.unique()
+    cut = sequences[len(sequences) // 2]
     fit, held = rows < cut, rows >= cut
 
     def measured(choices) -> dict:
