@@ -16,7 +16,6 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from opentelemetry.trace import INVALID_SPAN, Span
@@ -26,7 +25,7 @@ from draft_service.proposal import proposal_sampler
 from draft_service.peer_client import wait_for_hidden_states
 from tandem.errors import FailedPrecondition, InvalidArgument, NotFound
 from tandem.figures import EngineFigures
-from tandem.models.medusa import MedusaHeads
+from tandem.models.medusa import MedusaHeads, read_head_choices
 from tandem.ops import AddSequence, DraftRequest, DraftResult, DraftSeq, EngineStats, ForkSequence, PopTokens, RemoveSequence
 from tandem.sampling.sampler import process_logits
 from tandem.sampling.state import SamplingState
@@ -176,19 +175,15 @@ class MedusaDraftEngine:
         return self._pruned[depth]
 
 
-HEAD_CHOICES_FILE = "medusa_choices.json"  # a head folder's static tree: a JSON list of rank lists
-
-
 def medusa_choices(config: DraftConfig, num_heads: int) -> tuple[Choice, ...]:
     """config.medusa_choices (a preset name of tandem.spec.token_tree, any case, or a JSON list
     of rank lists); when empty, a chain of num_heads for shape "chain", and for "tree" the head
-    folder's own tree (HEAD_CHOICES_FILE, built from measured ranks by tandem train-draft's
-    evaluation) or else SMALL_STATIC_TREE. Choices deeper than the heads reach are dropped;
-    sorted in Medusa's order."""
+    folder's own tree (built best first from measured ranks by tandem train-draft) or else
+    SMALL_STATIC_TREE. Choices deeper than the heads reach are dropped, a tree keeps its first
+    config.tree_node_budget nodes (best_first), and the result is in Medusa's order."""
     spec = config.medusa_choices.strip()
-    own = Path(config.model_dir) / HEAD_CHOICES_FILE if config.model_dir else None
-    if not spec and config.shape == "tree" and own is not None and own.is_file():
-        spec = own.read_text().strip()
+    if not spec and config.shape == "tree":
+        spec = read_head_choices(config.model_dir) or ""
     if not spec:
         raw = chain_choices(num_heads) if config.shape == "chain" else token_tree.SMALL_STATIC_TREE
     elif spec.startswith("["):
@@ -201,10 +196,23 @@ def medusa_choices(config: DraftConfig, num_heads: int) -> tuple[Choice, ...]:
         if not isinstance(raw, tuple) or not raw or not all(isinstance(c, tuple) for c in raw):
             raise InvalidArgument(f"medusa_choices {spec!r} is neither a JSON list nor a preset of tandem.spec.token_tree")
     try:
-        choices = sorted_choices([c for c in raw if len(c) <= num_heads])
+        within = [tuple(int(r) for r in c) for c in raw if len(c) <= num_heads]
+        sorted_choices(within)  # the whole list must be a tree, whatever the budget keeps
     except (AssertionError, TypeError, ValueError) as e:  # a rank that is no int, a node without its parent
         raise InvalidArgument(f"medusa_choices do not form a tree: {e}") from None
-    if not choices:
+    if not within:
         raise InvalidArgument(f"medusa_choices leave no node within the {num_heads} heads")
-    return choices
+    return sorted_choices(best_first(within, config.tree_node_budget) if config.shape == "tree" else within)
+
+
+def best_first(choices: list[Choice], budget: int) -> list[Choice]:
+    """The first `budget` nodes in listed order whose parent is kept (for a list made best first,
+    its first `budget` nodes: the best tree of that size)."""
+    kept: list[Choice] = []
+    for c in choices:
+        if len(kept) == budget:
+            break
+        if len(c) == 1 or c[:-1] in kept:
+            kept.append(c)
+    return kept
 

@@ -50,19 +50,23 @@ def _add_spec_flags(p: argparse.ArgumentParser, default: int | None = 4, help: s
                    help=help or "draft tokens per step (k)")
 
 
-def _add_draft_shape_flags(p: argparse.ArgumentParser) -> None:
+def _add_draft_shape_flags(p: argparse.ArgumentParser, device_defaults: bool = False) -> None:
+    """device_defaults (tandem up): the tree flags default to the device's shape (tandem.models.heads)."""
     p.add_argument("--shape", default=_env("draft_shape", None), choices=["chain", "tree"],
                    help="draft shape (default: the method's, draft_service.methods.DEFAULT_SHAPES)")
-    p.add_argument("--tree-top-k", type=int, default=_env("tree_top_k", 4),
-                   help="EAGLE trees: frontier nodes expanded per depth, children per node")
-    p.add_argument("--tree-node-budget", type=int, default=_env("tree_node_budget", 16),
-                   help="EAGLE trees: draft tokens (tree nodes) per sequence per step")
+    p.add_argument("--tree-top-k", type=int, default=_env("tree_top_k", None if device_defaults else 4),
+                   help="EAGLE trees: frontier nodes expanded per depth, children per node"
+                        + (" (default: the device's)" if device_defaults else ""))
+    p.add_argument("--tree-node-budget", type=int, default=_env("tree_node_budget", None if device_defaults else 16),
+                   help="trees: draft tokens (tree nodes) per sequence per step; EAGLE keeps the most probable,"
+                        " Medusa the first of its static tree" + (" (default: the device's)" if device_defaults else ""))
     p.add_argument("--proposal-top-k", type=int, default=_env("proposal_top_k", 0),
                    help="sampled requests: the draft proposes from its top-k tokens, renormalised (0: all;"
                         " a cut proposal travels lighter but accepts less)")
     p.add_argument("--medusa-choices", default=_env("medusa_choices", ""),
                    help="Medusa tree: a preset of tandem.spec.token_tree (small_static_tree) or a JSON list of"
-                        " rank lists (default: a chain of all heads for --shape chain, small_static_tree for tree)")
+                        " rank lists (default: a chain of all heads for --shape chain; for tree the head folder's"
+                        " medusa_choices.json, else small_static_tree)")
 
 
 def _add_metrics_flag(p: argparse.ArgumentParser, default: int) -> None:
@@ -279,9 +283,9 @@ def _up_parser(sub) -> None:
     _add_spec_flags(p, default=None, help="draft tokens per step (k; default: 1 on CPU, 4 on GPUs,"
                                           " tandem.models.heads says why)")
     p.add_argument("--draft", default=_env("draft", "auto"), choices=["auto", "none", *sorted(DRAFT_METHODS)],
-                   help="draft method (auto: on GPUs the shipped EAGLE head for the default model, in chains"
-                        " of 4; on CPU plain decoding, faster here; tandem.models.heads says why)")
-    _add_draft_shape_flags(p)
+                   help="draft method (auto: on GPUs the shipped EAGLE head for the default model, in trees"
+                        " of depth 4; on CPU plain decoding, faster here; tandem.models.heads says why)")
+    _add_draft_shape_flags(p, device_defaults=True)
     p.add_argument("--draft-model", default=_env("draft_model", None),
                    help="draft head checkpoint folder (default model: the shipped heads/<method>-smollm2-135m)")
     p.add_argument("--draft-port", type=int, default=_env("draft_port", 50053))

@@ -31,16 +31,17 @@ def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = R
 def resolve_up_draft(args) -> argparse.Namespace:
     """--draft auto, an unnamed head and an unset shape made concrete (tandem.models.heads): on
     the default model a draft method without --draft-model takes the shipped head, and EAGLE
-    without --shape the device's shape; an unset --spec-draft-length takes the device's k."""
+    without --shape the device's shape; unset --spec-draft-length, --tree-top-k and
+    --tree-node-budget (Medusa's too: the nodes it keeps of its tree) take the device's."""
     shape = default_shape(args.device)
     draft = default_draft(args.model is not None, args.device) if args.draft == "auto" else args.draft
     chosen = {"draft": draft}
     if draft != "none" and args.draft_model is None and args.model is None:
         chosen["draft_model"] = shipped_head(draft)
     if draft == "eagle" and args.shape is None:
-        chosen.update(shape=shape.shape, tree_top_k=shape.tree_top_k, tree_node_budget=shape.tree_node_budget)
-    if args.spec_draft_length is None:
-        chosen["spec_draft_length"] = shape.k
+        chosen["shape"] = shape.shape
+    unset = {"spec_draft_length": shape.k, "tree_top_k": shape.tree_top_k, "tree_node_budget": shape.tree_node_budget}
+    chosen.update({name: value for name, value in unset.items() if getattr(args, name) is None})
     return argparse.Namespace(**{**vars(args), **chosen})
 
 

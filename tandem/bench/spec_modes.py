@@ -14,7 +14,8 @@ def add_spec_flags(p) -> None:
     p.add_argument("--medusa-head", default=None, help=f"Medusa head folder (default: {DEFAULT_MEDUSA_HEAD})")
     p.add_argument("--spec-draft-length", type=int, default=4, help="k: chain length, tree depth at most")
     p.add_argument("--tree-top-k", type=int, default=4, help="EAGLE tree: frontier nodes and children per depth")
-    p.add_argument("--tree-node-budget", type=int, default=16, help="EAGLE tree: draft tokens per step")
+    p.add_argument("--tree-node-budget", type=int, default=16,
+                   help="trees: draft tokens per step (EAGLE: its most probable nodes; Medusa: the first nodes of its tree)")
     p.add_argument("--lookup-tokens", type=int, default=10,
                    help="transformers' prompt_lookup_num_tokens (the value its documentation uses)")
     p.add_argument("--seed", type=int, default=0, help="temperature 1: request i draws with seed + i")
@@ -83,7 +84,8 @@ def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
     """The six rows, in report order; a missing head folder skips its rows with the reason."""
     k = ("--spec-draft-length", str(cfg.spec_draft_length))
     services = "target, draft and router as processes; batch B: B concurrent Generate streams"
-    tree = ("--shape", "tree", "--tree-top-k", str(cfg.tree_top_k), "--tree-node-budget", str(cfg.tree_node_budget))
+    budget = ("--tree-node-budget", str(cfg.tree_node_budget))
+    tree = ("--shape", "tree", "--tree-top-k", str(cfg.tree_top_k), *budget)
 
     def draft(name, label, method, head, shape_flags, how):
         if not (head / "config.json").exists():
@@ -104,6 +106,7 @@ def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
         draft("eagle_tree", "tandem EAGLE tree", "eagle", eagle, tree,
               f"{services}; EAGLE-2 tree, top-k {cfg.tree_top_k}, {cfg.tree_node_budget} nodes,"
               f" depth <= {cfg.spec_draft_length}"),
-        draft("medusa", "tandem Medusa", "medusa", medusa, ("--shape", "tree"),
-              f"{services}; Medusa static tree, depth <= {cfg.spec_draft_length}"),
+        draft("medusa", "tandem Medusa", "medusa", medusa, ("--shape", "tree", *budget),
+              f"{services}; Medusa static tree (the head's own), its first {cfg.tree_node_budget} nodes,"
+              f" depth <= {cfg.spec_draft_length}"),
     ]

@@ -24,6 +24,10 @@ files name the keys without the `medusa_head.` prefix, which is added on reading
 A folder may also hold `d2t.safetensors`, EAGLE-3's map of a pruned draft vocabulary (not part
 of Medusa's format): the heads then score only those tokens, the rest at -inf. Each head's
 lm_head pass is most of a Medusa draft's cost, and any vocabulary keeps verification lossless.
+
+And `medusa_choices.json`, the head's own static tree: a JSON list of rank paths listed best
+first (`tandem train-draft` fits it on measured ranks), so that every prefix of the list is a
+tree and the first N nodes are the tree to verify when N draft tokens a step are allowed.
 """
 
 import json
@@ -43,6 +47,7 @@ PREFIX = "medusa_head."
 # Read in this order; the first that exists wins (pytorch_model.bin first, as the EAGLE loader).
 WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors", "medusa_lm_head.safetensors", "medusa_lm_head.pt")
 SAVE_FILES = {"bin": "pytorch_model.bin", "safetensors": "model.safetensors"}
+CHOICES_FILE = "medusa_choices.json"  # the head's own static tree, best first
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,3 +283,16 @@ def random_medusa_checkpoint(
     config = {"architectures": ["MedusaModel"], "medusa_num_heads": num_heads, "medusa_num_layers": num_layers,
               "hidden_size": d, "vocab_size": v}
     return save_medusa_checkpoint(out_dir, config, state, format=format)
+
+
+def read_head_choices(head_dir: Path | None) -> str | None:
+    """The text of a head folder's own tree (CHOICES_FILE), None when it has none."""
+    path = Path(head_dir) / CHOICES_FILE if head_dir else None
+    return path.read_text().strip() if path is not None and path.is_file() else None
+
+
+def write_head_choices(head_dir: Path, choices) -> Path:
+    """Writes a static tree (rank paths, best first) as the head folder's own tree."""
+    path = Path(head_dir) / CHOICES_FILE
+    path.write_text(json.dumps([list(c) for c in choices]) + "\n")
+    return path

@@ -37,7 +37,7 @@ from tandem.train.medusa_heads import MedusaTrainHeads
 
 STEP_DECAY = 0.8  # weight of draft step / head i: 0.8 ** i (Medusa-1's decay, EAGLE-3's TTT weights)
 TREE_WIDTHS = (2, 3)  # the full top-k trees evaluated next to the greedy chains
-STATIC_TREE_WIDTH = 8  # Medusa: ranks a static tree built from the evaluation may use per head
+STATIC_TREE_WIDTH = 16  # Medusa: ranks a static tree built from the evaluation may use per head
 STATIC_TREE_SIZES = (10, 30, 60)  # its node counts: the served default's size, and GPU sizes
 
 
@@ -138,9 +138,10 @@ def static_tree_lengths(ranks: torch.Tensor, choices, width: int) -> torch.Tenso
 
 def best_static_tree(ranks: torch.Tensor, size: int, width: int) -> tuple[tuple[int, ...], ...]:
     """The `size` rank paths the most anchors follow, as a static tree (Medusa builds its trees
-    from such statistics). A path is followed at most as often as its parent, so taking paths by
-    count (ties: shallower, then lower ranks) with their parent already in maximises the mean
-    accepted length over these anchors for that size."""
+    from such statistics), best first. A path is followed at most as often as its parent, so
+    taking paths by count (ties: shallower, then lower ranks) with their parent already in
+    maximises the mean accepted length over these anchors for that size, and so does every
+    prefix of the result for its own size (the served tree under a node budget)."""
     counts: dict[tuple[int, ...], int] = {}
     for col in ranks.T.tolist():
         for depth in range(len(col)):
@@ -148,13 +149,13 @@ def best_static_tree(ranks: torch.Tensor, size: int, width: int) -> tuple[tuple[
                 break
             path = tuple(col[: depth + 1])
             counts[path] = counts.get(path, 0) + 1
-    chosen: set[tuple[int, ...]] = set()
+    chosen: dict[tuple[int, ...], None] = {}  # ordered
     for path in sorted(counts, key=lambda c: (-counts[c], len(c), c)):
         if len(chosen) == size:
             break
         if len(path) == 1 or path[:-1] in chosen:
-            chosen.add(path)
-    return tuple(sorted(chosen, key=lambda c: (len(c), c)))
+            chosen[path] = None
+    return tuple(chosen)
 
 
 def static_tree_metrics(ranks: torch.Tensor, rows: torch.Tensor, width: int, sizes=STATIC_TREE_SIZES) -> dict:
@@ -174,6 +175,12 @@ def static_tree_metrics(ranks: torch.Tensor, rows: torch.Tensor, width: int, siz
     # the served default when a head folder names no tree, on the same half
     out["default"] = measured(tuple(c for c in SMALL_STATIC_TREE if len(c) <= ranks.shape[0]))
     return out
+
+
+def fitted_tree(metrics: dict) -> tuple | None:
+    """The largest static tree static_tree_metrics fit (best first); None without one."""
+    trees = {int(k): v for k, v in metrics.get("static_trees", {}).items() if k != "default"}
+    return tuple(map(tuple, trees[max(trees)]["choices"])) if trees else None
 
 
 def describe_chain(metrics: dict) -> str:

@@ -5,6 +5,7 @@ Run folder:
     run.json                  the configuration of the latest sitting
     checkpoints/              the newest checkpoint (weights, optimizer, step, loss history)
     head/                     the head in the public EAGLE / Medusa format, README.md, training.json
+                              (Medusa: medusa_choices.json, its static tree fit on the held-out ranks)
     training.json             the same record: data, steps, losses, held-out metrics, sittings
     evaluation.json           `--eval-head DIR`: a head folder's metrics, with no training
 Every sitting may end at --max-minutes; run the same command with --resume until training.json
@@ -22,7 +23,8 @@ from tandem.errors import InvalidArgument
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import ShardedData, eval_batches
 from tandem.train.loop import autocast, load_checkpoint, train
-from tandem.train.methods import D2T_FILE, DRAFT_METHODS, describe_chain
+from tandem.models.medusa import CHOICES_FILE, write_head_choices
+from tandem.train.methods import D2T_FILE, DRAFT_METHODS, describe_chain, fitted_tree
 from tandem.train.mtbench_eval import evaluate_on_mtbench
 from tandem.train.selfdistill import model_name, prepare_data, shards_done
 
@@ -96,6 +98,8 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
         evaluation["mtbench"] = evaluate_on_mtbench(cfg, method, module, home, cfg.eval_mtbench, log)
     sitting["eval_seconds"] = round(time.monotonic() - eval_started, 1)
     method.save(module, run_dir / HEAD)
+    if tree := fitted_tree(evaluation):
+        write_head_choices(run_dir / HEAD, tree)
     record.update(data_summary(cfg, data, heldout), steps=result["step"], history=result["history"],
                   evaluation=evaluation)
     return _finish(run_dir, cfg, record, sitting, started, status=result["status"])
@@ -165,8 +169,16 @@ Trained by `tandem train-draft --method {cfg.method}` (self-distillation). Statu
   target's greedy answers, tokens per verify step with the target's own included):
   {describe_chain(ev) if "walk_histograms" in ev else "not evaluated"}.{_mtbench_line(ev)}
 
-Use: `{use}`. Details: training.json.
+Use: `{use}`.{_tree_line(ev)} Details: training.json.
 """
+
+
+def _tree_line(ev: dict) -> str:
+    tree = fitted_tree(ev)
+    if tree is None:
+        return ""
+    return (f" It verifies `{CHOICES_FILE}`, the {len(tree)}-node static tree fit above on half the held-out "
+            f"sequences, listed best first: `--tree-node-budget N` keeps its first N nodes.")
 
 
 def _mtbench_line(ev: dict) -> str:

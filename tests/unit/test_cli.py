@@ -56,6 +56,10 @@ def test_up_named_method_takes_the_shipped_head_in_the_devices_shape(monkeypatch
     assert (tree.shape, tree.tree_top_k, tree.tree_node_budget) == ("tree", 4, 16)
     medusa = _up("--draft", "medusa", monkeypatch=monkeypatch)
     assert (medusa.draft_model, medusa.shape) == (MEDUSA_HEAD, None)  # Medusa's own default shape
+    on_gpu = _up("--draft", "medusa", "--device", "cuda:1", monkeypatch=monkeypatch)
+    assert (on_gpu.tree_node_budget, on_gpu.spec_draft_length) == (30, 4)  # the first 30 nodes of its tree
+    mine = _up("--draft", "eagle", "--device", "cuda", "--tree-node-budget", "12", monkeypatch=monkeypatch)
+    assert (mine.shape, mine.tree_top_k, mine.tree_node_budget) == ("tree", 8, 12)  # a flag given is kept
 
 
 def test_up_decodes_plainly_for_a_model_of_ones_own_unless_told(monkeypatch):

@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 from draft_service.config import DraftConfig
-from draft_service.medusa_engine import HEAD_CHOICES_FILE, MedusaDraftEngine, medusa_choices
+from draft_service.medusa_engine import MedusaDraftEngine, medusa_choices
 from draft_service.peer_client import DraftPeer
 from tandem.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from tandem.models.medusa import (
+    CHOICES_FILE,
     MedusaConfig,
     MedusaHeads,
     load_medusa_heads,
@@ -324,7 +325,7 @@ def test_choices_from_json_and_from_a_preset():
 
 
 def test_a_head_folders_own_tree_is_its_default(tmp_path):
-    (tmp_path / HEAD_CHOICES_FILE).write_text("[[0], [0, 0], [1], [0, 0, 0], [0, 1]]")
+    (tmp_path / CHOICES_FILE).write_text("[[0], [0, 0], [1], [0, 0, 0], [0, 1]]")
     tree = DraftConfig(method="medusa", model_dir=tmp_path, target_model_dir=None, shape="tree")
     assert medusa_choices(tree, 3) == ((0,), (1,), (0, 0), (0, 1), (0, 0, 0))
     assert medusa_choices(tree, 2) == ((0,), (1,), (0, 0), (0, 1))
@@ -332,7 +333,13 @@ def test_a_head_folders_own_tree_is_its_default(tmp_path):
     assert medusa_choices(named, 3) == ((0,),)  # --medusa-choices wins
     chain = DraftConfig(method="medusa", model_dir=tmp_path, target_model_dir=None, shape="chain")
     assert medusa_choices(chain, 2) == ((0,), (0, 0))
-    (tmp_path / HEAD_CHOICES_FILE).write_text("[[1, 0]]")  # no parent: the folder's tree is checked too
+    small = DraftConfig(method="medusa", model_dir=tmp_path, target_model_dir=None, shape="tree", tree_node_budget=3)
+    assert medusa_choices(small, 3) == ((0,), (1,), (0, 0))  # the first 3 listed (best first)
+    assert medusa_choices(small, 1) == ((0,), (1,))  # nodes beyond the heads do not count
+    (tmp_path / CHOICES_FILE).write_text("[[0, 0], [0], [1]]")  # a child listed before its parent
+    two = DraftConfig(method="medusa", model_dir=tmp_path, target_model_dir=None, shape="tree", tree_node_budget=2)
+    assert medusa_choices(two, 3) == ((0,), (1,))  # skipped: the budget keeps a tree
+    (tmp_path / CHOICES_FILE).write_text("[[1, 0]]")  # no parent: the folder's tree is checked too
     with pytest.raises(InvalidArgument):
         medusa_choices(tree, 3)
 

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from draft_service.config import DraftConfig
+from draft_service.medusa_engine import medusa_choices
 from tandem.attention.base import SequenceSlice
 from tandem.attention.torch_backend import TorchAttention
 from tandem.cli import build_parser
@@ -21,14 +23,15 @@ from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.eagle import load_eagle_head
 from tandem.models.llama import ForwardBatch
-from tandem.models.medusa import load_medusa_heads
+from tandem.models.medusa import CHOICES_FILE, load_medusa_heads
+from tandem.spec.token_tree import sorted_choices
 from tandem.testing.tiny import build_tiny_model
 from tandem.train.cli_args import config_from_args
 from tandem.train.dataset import ShardedData
 from tandem.train.loop import load_checkpoint
 from tandem.train.losses import IGNORE, linear_cross_entropy
-from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, _chain_metrics, _merge, anchor_rows, best_static_tree, draft_ranks,
-                                  static_tree_lengths, static_tree_metrics, walk_histogram)
+from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, STATIC_TREE_SIZES, _chain_metrics, _merge, anchor_rows,
+                                  best_static_tree, draft_ranks, static_tree_lengths, static_tree_metrics, walk_histogram)
 from tandem.train.run import evaluate_head, run_train_draft
 from tandem.train.selfdistill import eos_ids, greedy_batch, render_prompt
 from tandem.train.sharegpt import first_user_turns, iter_complete_objects
@@ -131,8 +134,9 @@ def test_a_static_tree_from_rank_statistics_keeps_the_paths_most_anchors_follow(
     ranks = torch.tensor([[0, 0, 0, 1, 1, 2, 3, 0],
                           [0, 0, 1, 0, 3, 0, 0, 3]])
     assert best_static_tree(ranks, 3, 3) == ((0,), (1,), (0, 0))  # counts 4, 2, then (0,0) 2 before (2,) 1
-    tree = best_static_tree(ranks, 5, 3)
-    assert set(tree) == {(0,), (1,), (0, 0), (2,), (0, 1)} and all(len(c) == 1 or c[:-1] in tree for c in tree)
+    tree = best_static_tree(ranks, 5, 3)  # best first: then the count-1 paths, shallower first
+    assert tree == ((0,), (1,), (0, 0), (2,), (0, 1))
+    assert all(best_static_tree(ranks, n, 3) == tree[:n] for n in range(1, 6))  # every prefix: that size's best
     assert static_tree_lengths(ranks, ((0,), (0, 0)), 3).tolist() == [3, 3, 2, 1, 1, 1, 1, 2]
     # fit on sequence 0 (anchors 0-3), measured on sequence 1 (anchors 4-7)
     got = static_tree_metrics(ranks, torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), 3, sizes=(2,))["2"]
@@ -241,6 +245,12 @@ def test_quick_medusa_lowers_the_loss_and_writes_heads_that_load(tiny, data_dir,
     assert full_data_loss(cfg, saved["model"]) < 0.9 * full_data_loss(cfg, None)
     heads = load_medusa_heads(cfg.run_dir / "head", tiny, dtype=torch.float32)
     assert heads.num_heads == 4 and heads.lm_heads is not None  # own lm_heads (Medusa-1)
+    # its own tree: the largest static tree the held-out evaluation fit, best first, served as the default
+    fit = record["evaluation"]["static_trees"][str(max(STATIC_TREE_SIZES))]["choices"]
+    assert json.loads((cfg.run_dir / "head" / CHOICES_FILE).read_text()) == fit
+    assert CHOICES_FILE in (cfg.run_dir / "head" / "README.md").read_text()
+    served = DraftConfig(method="medusa", model_dir=cfg.run_dir / "head", target_model_dir=tiny, shape="tree", tree_node_budget=5)
+    assert medusa_choices(served, heads.num_heads) == sorted_choices(fit[:5])
     module = DRAFT_METHODS["medusa"](cfg).build(ShardedData(cfg.data_dir, [0]), None)
     module.load_state_dict(saved["model"])
     x = torch.randn(5, 64)
