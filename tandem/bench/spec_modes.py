@@ -1,12 +1,14 @@
 """`tandem bench --mode spec`: its flags, its frozen config, and the modes (rows) it compares."""
 
-from dataclasses import dataclass
+import argparse
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tandem.bench.services import Devices, StackSpec
 from tandem.models.heads import EAGLE_HEAD as DEFAULT_EAGLE_HEAD
 from tandem.models.heads import MEDUSA_HEAD as DEFAULT_MEDUSA_HEAD
 TEMPERATURES = (0.0, 1.0)
+ROWS = ("hf_generate", "hf_prompt_lookup", "tandem_plain", "eagle_chain", "eagle_tree", "medusa")  # report order
 
 
 def add_spec_flags(p) -> None:
@@ -21,6 +23,17 @@ def add_spec_flags(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="temperature 1: request i draws with seed + i")
     p.add_argument("--temperatures", type=_floats, default=TEMPERATURES,
                    help="comma-separated sampling temperatures, one cell each (default 0,1)")
+    p.add_argument("--rows", type=_rows, default=ROWS,
+                   help=f"--mode spec: comma-separated rows to run, of {','.join(ROWS)} (default: all; ratios"
+                        " need tandem_plain and hf_generate in the run)")
+
+
+def _rows(text: str) -> tuple[str, ...]:
+    rows = tuple(r.strip() for r in text.split(",") if r.strip())
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown or not rows:
+        raise argparse.ArgumentTypeError(f"unknown rows {unknown}; rows are {', '.join(ROWS)}")
+    return rows
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -35,6 +48,7 @@ class SpecBenchConfig:
     threads: int
     seed: int
     temperatures: tuple[float, ...]
+    rows: tuple[str, ...]  # the modes to run (ROWS); the others are reported as not run
     eagle_head: Path | None  # None: build a tiny random one (--reduced)
     medusa_head: Path | None
     spec_draft_length: int
@@ -57,7 +71,7 @@ def spec_config(args) -> SpecBenchConfig:
 
     return SpecBenchConfig(
         dtype=args.dtype, max_tokens=args.max_tokens, concurrency=args.concurrency, threads=args.threads,
-        seed=args.seed, temperatures=tuple(args.temperatures), eagle_head=head(args.eagle_head, DEFAULT_EAGLE_HEAD),
+        seed=args.seed, temperatures=tuple(args.temperatures), rows=tuple(args.rows), eagle_head=head(args.eagle_head, DEFAULT_EAGLE_HEAD),
         medusa_head=head(args.medusa_head, DEFAULT_MEDUSA_HEAD), spec_draft_length=args.spec_draft_length,
         tree_top_k=args.tree_top_k, tree_node_budget=args.tree_node_budget, lookup_tokens=args.lookup_tokens,
         out=Path(args.out), reduced=args.reduced, devices=Devices.from_args(args),
@@ -81,7 +95,8 @@ class Mode:
 
 
 def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
-    """The six rows, in report order; a missing head folder skips its rows with the reason."""
+    """The six rows, in report order; a row left out of --rows or without its head folder is
+    skipped with the reason."""
     k = ("--spec-draft-length", str(cfg.spec_draft_length))
     services = "target, draft and router as processes; batch B: B concurrent Generate streams"
     budget = ("--tree-node-budget", str(cfg.tree_node_budget))
@@ -93,7 +108,7 @@ def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
         args = ("--method", method, "--draft-model", str(head), *shape_flags)
         return Mode(name, label, how, StackSpec(draft=args, router=k))
 
-    return [
+    modes = [
         Mode("hf_generate", "transformers generate", "transformers generate() in the bench process;"
              " batch B: one left-padded batch of B prompts"),
         Mode("hf_prompt_lookup", "transformers prompt lookup",
@@ -110,3 +125,4 @@ def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
               f"{services}; Medusa static tree (the head's own), its first {cfg.tree_node_budget} nodes,"
               f" depth <= {cfg.spec_draft_length}"),
     ]
+    return [m if m.name in cfg.rows or m.skipped else replace(m, skipped="skipped: not in --rows") for m in modes]

@@ -3,6 +3,8 @@
 import os
 import signal
 
+import pytest
+
 from tandem.bench.services import Devices, sigterm_held
 from tandem.bench.spec import measure_cell
 from tandem.bench.spec_modes import plan_modes, spec_config
@@ -26,6 +28,17 @@ def test_a_missing_head_skips_its_rows_with_the_folder(tmp_path):
     assert modes["medusa"].skipped == f"skipped: no head at {tmp_path / 'nowhere'}" and modes["medusa"].stack is None
     assert not modes["eagle_tree"].skipped and "tree" in modes["eagle_tree"].stack.draft
     assert modes["tandem_plain"].stack.draft is None and not modes["tandem_plain"].speculative
+
+
+def test_rows_left_out_are_skipped_and_unknown_rows_refused(tmp_path, capsys):
+    cfg = _config(tmp_path, "--rows", "tandem_plain, medusa", "--tree-node-budget", "30")
+    modes = {m.name: m for m in plan_modes(cfg, cfg.eagle_head, cfg.medusa_head)}
+    assert [n for n, m in modes.items() if not m.skipped] == ["tandem_plain", "medusa"]
+    assert modes["eagle_tree"].skipped == modes["hf_generate"].skipped == "skipped: not in --rows"
+    assert modes["medusa"].stack.draft[-2:] == ("--tree-node-budget", "30")  # the first 30 nodes of its tree
+    with pytest.raises(SystemExit):
+        _config(tmp_path, "--rows", "medusa,eagle")
+    assert "unknown rows ['eagle']" in capsys.readouterr().err
 
 
 def test_default_heads_are_the_shipped_folders(tmp_path):
