@@ -71,8 +71,9 @@ def spec_config(args) -> SpecBenchConfig:
 
     return SpecBenchConfig(
         dtype=args.dtype, max_tokens=args.max_tokens, concurrency=args.concurrency, threads=args.threads,
-        seed=args.seed, temperatures=tuple(args.temperatures), rows=tuple(args.rows), eagle_head=head(args.eagle_head, DEFAULT_EAGLE_HEAD),
-        medusa_head=head(args.medusa_head, DEFAULT_MEDUSA_HEAD), spec_draft_length=args.spec_draft_length,
+        seed=args.seed, temperatures=tuple(args.temperatures), rows=tuple(args.rows),
+        eagle_head=head(args.eagle_head, DEFAULT_EAGLE_HEAD), medusa_head=head(args.medusa_head, DEFAULT_MEDUSA_HEAD),
+        spec_draft_length=args.spec_draft_length,
         tree_top_k=args.tree_top_k, tree_node_budget=args.tree_node_budget, lookup_tokens=args.lookup_tokens,
         out=Path(args.out), reduced=args.reduced, devices=Devices.from_args(args),
     )
