@@ -10,7 +10,8 @@ that tree accepts 1.98 tokens per verify greedy and 1.55 at temperature 1, again
 the tree's are wider. With head v5 on all 80 questions x 128 tokens (`tandem bench --mode spec`)
 the tree accepts 2.23 greedy against 1.59 for the chain. Its cost on a GPU has not been measured
 here. `--draft medusa` on a GPU verifies the first 30 nodes of the Medusa head's own tree (the
-same node budget; listed best first, tandem.models.medusa), walked 1.72 on those questions.
+same node budget; listed best first, tandem.models.medusa): walked 1.72 on questions 41-80,
+fit on 1-40.
 
 On a CPU it decodes plainly: here (SmolLM2-135M fp32, 2 cores, Intel Xeon) a decode step of one
 token takes 32 ms of target compute and a verify of two 37 ms (the kernels by row count in
