@@ -250,7 +250,8 @@ def _probs_to_pb(seq_id: int, probs) -> pb.SeqDraftProbs:
     flat = probs.flatten()
     if 4 * int(torch.count_nonzero(flat)) < len(flat):  # counted first: whole rows would make millions of indices
         index = flat.nonzero().flatten()
-        return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), flat_index=index.tolist(),
+        small = index.to(torch.int32) if len(flat) <= torch.iinfo(torch.int32).max else index
+        return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), flat_index=tensor_to_pb(small),
                                 values=tensor_to_pb(flat[index]))
     rows = (probs != 0).any(dim=-1).nonzero().flatten()
     if len(rows) == len(probs):
@@ -272,9 +273,10 @@ def _probs_from_pb(m: pb.SeqDraftProbs, device):
         dense = torch.zeros(tuple(m.shape), dtype=kept.dtype, device=device)
         dense[torch.tensor(list(m.rows), dtype=torch.int64, device=device)] = kept
         return dense
-    values = tensor_from_pb(m.values, device)
+    values, index = tensor_from_pb(m.values, device), tensor_from_pb(m.flat_index, device)
     dense = torch.zeros(tuple(m.shape), dtype=values.dtype, device=device)
-    if len(m.flat_index) != values.numel() or (len(m.flat_index) and not 0 <= min(m.flat_index) <= max(m.flat_index) < dense.numel()):
-        raise InvalidArgument(f"draft probabilities: {len(m.flat_index)} sparse entries do not fit {list(m.shape)}")
-    dense.view(-1)[torch.tensor(list(m.flat_index), dtype=torch.int64, device=device)] = values
+    if (index.is_floating_point() or index.shape != values.shape or values.dim() != 1
+            or (len(index) and not 0 <= int(index.min()) <= int(index.max()) < dense.numel())):
+        raise InvalidArgument(f"draft probabilities: {list(index.shape)} sparse entries do not fit {list(m.shape)}")
+    dense.view(-1)[index.long()] = values
     return dense

@@ -5,7 +5,8 @@ import torch
 from tandem.errors import InvalidArgument
 from tandem.v1 import engine_pb2 as pb
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "int32": torch.int32, "int64": torch.int64}  # integers: index tensors
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
 

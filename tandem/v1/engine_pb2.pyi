@@ -48,20 +48,20 @@ class TargetToDraft(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqHidden, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SeqDraftProbs(_message.Message):
-    __slots__ = ("seq_id", "probs", "shape", "flat_index", "values", "rows")
+    __slots__ = ("seq_id", "probs", "shape", "values", "rows", "flat_index")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
-    FLAT_INDEX_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    FLAT_INDEX_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     probs: Tensor
     shape: _containers.RepeatedScalarFieldContainer[int]
-    flat_index: _containers.RepeatedScalarFieldContainer[int]
     values: Tensor
     rows: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq_id: _Optional[int] = ..., probs: _Optional[_Union[Tensor, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ..., flat_index: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ...) -> None: ...
+    flat_index: Tensor
+    def __init__(self, seq_id: _Optional[int] = ..., probs: _Optional[_Union[Tensor, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., flat_index: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class DraftToTarget(_message.Message):
     __slots__ = ("draft_step_id", "seqs")

@@ -26,7 +26,8 @@ def test_draft_probs_sparse_when_truncated_dense_otherwise():
     full = torch.softmax(torch.randn(2, 1000), -1)
     message = codec.draft_probs_to_pb(DraftProbs(4, {1: truncated, 2: full}))
     by_seq = {s.seq_id: s for s in message.seqs}
-    assert not by_seq[1].HasField("probs") and len(by_seq[1].flat_index) == 3
+    assert not by_seq[1].HasField("probs") and list(by_seq[1].flat_index.shape) == [3]
+    assert by_seq[1].flat_index.dtype == "int32"  # packed bytes, not one varint per entry
     assert by_seq[2].HasField("probs")
     back = codec.draft_probs_from_pb(message)
     assert back.draft_step_id == 4
@@ -59,9 +60,10 @@ def test_draft_probs_that_do_not_fit_their_shape_are_invalid_arguments():
     sparse = torch.zeros(4, 100)
     sparse[0, 5] = 1.0
     message = codec.draft_probs_to_pb(DraftProbs(3, {7: sparse}))
-    message.seqs[0].flat_index[0] = 400  # past the 400 entries
-    with pytest.raises(InvalidArgument, match="do not fit"):
-        codec.draft_probs_from_pb(message)
+    for index in ([400], [1, 2], [0.5]):  # past the 400 entries; two indices for one value; not an index
+        message.seqs[0].flat_index.CopyFrom(tensor_to_pb(torch.tensor(index)))
+        with pytest.raises(InvalidArgument, match="do not fit"):
+            codec.draft_probs_from_pb(message)
 
 
 def test_hidden_step_round_trip():
