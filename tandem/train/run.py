@@ -20,10 +20,10 @@ from typing import Callable
 import torch
 
 from tandem.errors import InvalidArgument
+from tandem.models.medusa import CHOICES_FILE, write_head_choices
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import ShardedData, eval_batches
 from tandem.train.loop import autocast, load_checkpoint, train
-from tandem.models.medusa import CHOICES_FILE, write_head_choices
 from tandem.train.methods import D2T_FILE, DRAFT_METHODS, describe_chain, fitted_tree
 from tandem.train.mtbench_eval import evaluate_on_mtbench
 from tandem.train.selfdistill import model_name, prepare_data, shards_done
