@@ -10,7 +10,7 @@ import grpc
 from tandem import codec
 from tandem.errors import Unavailable
 from tandem.grpc_server import CHANNEL_OPTIONS
-from tandem.peer import DraftProbs, HiddenPairs
+from tandem.peer import DraftProbs, HiddenPairs, one_torch_thread
 from tandem.v1 import engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class DraftPeer:
             out.put(codec.draft_probs_to_pb(probs))
 
     def _run(self) -> None:
+        one_torch_thread()  # it decodes hidden states while the target computes
         while not self._stop.is_set():
             try:
                 self._stream_once()

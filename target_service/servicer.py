@@ -10,7 +10,7 @@ import torch
 
 from tandem import codec
 from tandem.errors import InvalidArgument
-from tandem.peer import DraftProbs, HiddenStep, TargetPeer
+from tandem.peer import DraftProbs, HiddenStep, TargetPeer, one_torch_thread
 from tandem.telemetry.tracing import Tracing, ending, server_span
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 from target_service.engine import TargetEngine
@@ -72,6 +72,7 @@ def compute_thread(name: str, threads: int) -> ThreadPoolExecutor:
 
 
 def _read_probs(peer: TargetPeer, request_iterator, out: queue.Queue) -> None:
+    one_torch_thread()
     try:
         for message in request_iterator:
             try:
