@@ -197,12 +197,12 @@ def medusa_choices(config: DraftConfig, num_heads: int) -> tuple[Choice, ...]:
             raise InvalidArgument(f"medusa_choices {spec!r} is neither a JSON list nor a preset of tandem.spec.token_tree")
     try:
         within = [tuple(int(r) for r in c) for c in raw if len(c) <= num_heads]
-        sorted_choices(within)  # the whole list must be a tree, whatever the budget keeps
+        choices = sorted_choices(within)  # the whole list must be a tree, whatever the budget keeps
     except (AssertionError, TypeError, ValueError) as e:  # a rank that is no int, a node without its parent
         raise InvalidArgument(f"medusa_choices do not form a tree: {e}") from None
-    if not within:
+    if not choices:
         raise InvalidArgument(f"medusa_choices leave no node within the {num_heads} heads")
-    return sorted_choices(best_first(within, config.tree_node_budget) if config.shape == "tree" else within)
+    return sorted_choices(best_first(within, config.tree_node_budget)) if config.shape == "tree" else choices
 
 
 def best_first(choices: list[Choice], budget: int) -> list[Choice]:
