@@ -15,11 +15,14 @@ fit on 1-40.
 
 On a CPU it decodes plainly: here (SmolLM2-135M fp32, 2 cores, Intel Xeon) a decode step of one
 token takes 32 ms of target compute and a verify of two 37 ms (the kernels by row count in
-tandem.models.linear), but the head's served depth-1 acceptance is about 0.35-0.45 and each step
-adds the draft's 5 ms and its RPC. So the best shapes measured with head v4, a chain of 1 and a
-depth-1 tree of 2 nodes, both reached 1.01x plain: no gain worth a third process. `--draft eagle`
-or `--draft medusa` without `--draft-model` serve the shipped heads anyway (the demo does, to show
-speculation at work), in the device's shape.
+tandem.models.linear), the head's served depth-1 acceptance is about 0.35-0.5, and each step
+adds the draft's 5 ms and its RPC. The best shape measured, a depth-1 tree of the draft's 2 best
+tokens, gains 1.10x plain for one greedy stream (head v5, 16 MT-bench questions) but 1.00x at
+temperature 1 and loses with concurrent streams, where a step verifies 3 tokens a sequence: not
+worth a third process by default. `--draft eagle` or `--draft medusa` without `--draft-model`
+serve the shipped heads anyway (the demo does, to show speculation at work), in the device's
+shape: on a CPU that depth-1 tree of 2 nodes (Medusa: the first 2 nodes of its tree; 3, 8 and 12
+nodes measured 0.94x, 0.93x and 0.87x plain against 1.02x for 2).
 """
 
 from dataclasses import dataclass
@@ -38,7 +41,7 @@ class DraftShape:
     tree_node_budget: int = 16
 
 
-CPU_SHAPE = DraftShape("chain", k=1)
+CPU_SHAPE = DraftShape("tree", k=1, tree_top_k=2, tree_node_budget=2)
 GPU_SHAPE = DraftShape("tree", k=4, tree_top_k=8, tree_node_budget=30)
 SHIPPED = {"eagle": EAGLE_HEAD, "medusa": MEDUSA_HEAD}
 

@@ -51,11 +51,13 @@ def test_up_named_method_takes_the_shipped_head_in_the_devices_shape(monkeypatch
     from tandem.models.heads import EAGLE_HEAD, MEDUSA_HEAD
 
     eagle = _up("--draft", "eagle", monkeypatch=monkeypatch)
-    assert (eagle.draft_model, eagle.shape, eagle.spec_draft_length) == (EAGLE_HEAD, "chain", 1)
-    tree = _up("--draft", "eagle", "--shape", "tree", monkeypatch=monkeypatch)  # a shape of one's own keeps its flags
-    assert (tree.shape, tree.tree_top_k, tree.tree_node_budget) == ("tree", 4, 16)
+    assert (eagle.draft_model, eagle.shape, eagle.spec_draft_length) == (EAGLE_HEAD, "tree", 1)
+    assert (eagle.tree_top_k, eagle.tree_node_budget) == (2, 2)  # on a CPU: the draft's 2 best tokens
+    chain = _up("--draft", "eagle", "--shape", "chain", monkeypatch=monkeypatch)  # a shape of one's own is kept
+    assert (chain.shape, chain.spec_draft_length) == ("chain", 1)
     medusa = _up("--draft", "medusa", monkeypatch=monkeypatch)
     assert (medusa.draft_model, medusa.shape) == (MEDUSA_HEAD, None)  # Medusa's own default shape
+    assert (medusa.tree_node_budget, medusa.spec_draft_length) == (2, 1)  # the first 2 nodes of its tree
     on_gpu = _up("--draft", "medusa", "--device", "cuda:1", monkeypatch=monkeypatch)
     assert (on_gpu.tree_node_budget, on_gpu.spec_draft_length) == (30, 4)  # the first 30 nodes of its tree
     mine = _up("--draft", "eagle", "--device", "cuda", "--tree-node-budget", "12", monkeypatch=monkeypatch)
@@ -76,7 +78,8 @@ def test_up_service_args_carry_the_chosen_draft(monkeypatch):
 
     _, router, draft = service_args(_up("--draft", "eagle", monkeypatch=monkeypatch), Path("/models/default"))
     assert router[router.index("--spec-draft-length") + 1] == "1"
-    assert draft[draft.index("--shape") + 1] == "chain"
+    assert draft[draft.index("--shape") + 1] == "tree"
+    assert draft[draft.index("--tree-node-budget") + 1] == "2"
     assert draft[draft.index("--draft-model") + 1].endswith("heads/eagle-smollm2-135m")
     assert draft[draft.index("--proposal-top-k") + 1] == "0"
     _, _, cut = service_args(_up("--draft", "eagle", "--proposal-top-k", "64", monkeypatch=monkeypatch), Path("/m"))
