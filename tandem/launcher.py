@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from tandem.client import health
-from tandem.models.heads import default_draft, default_shape, shipped_head
+from tandem.models.heads import default_draft, default_shape, device_shape_flags, shipped_head
 
 READY_TIMEOUT_S = 300.0
 
@@ -40,8 +40,7 @@ def resolve_up_draft(args) -> argparse.Namespace:
         chosen["draft_model"] = shipped_head(draft)
     if draft == "eagle" and args.shape is None:
         chosen["shape"] = shape.shape
-    unset = {"spec_draft_length": shape.k, "tree_top_k": shape.tree_top_k, "tree_node_budget": shape.tree_node_budget}
-    chosen.update({name: value for name, value in unset.items() if getattr(args, name) is None})
+    chosen.update(device_shape_flags(args))
     return argparse.Namespace(**{**vars(args), **chosen})
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 from tandem.bench.services import Devices, StackSpec
 from tandem.models.heads import EAGLE_HEAD as DEFAULT_EAGLE_HEAD
 from tandem.models.heads import MEDUSA_HEAD as DEFAULT_MEDUSA_HEAD
+from tandem.models.heads import device_shape_flags
+
 TEMPERATURES = (0.0, 1.0)
 ROWS = ("hf_generate", "hf_prompt_lookup", "tandem_plain", "eagle_chain", "eagle_tree", "medusa")  # report order
 
@@ -14,10 +16,13 @@ ROWS = ("hf_generate", "hf_prompt_lookup", "tandem_plain", "eagle_chain", "eagle
 def add_spec_flags(p) -> None:
     p.add_argument("--eagle-head", default=None, help=f"EAGLE head folder (default: {DEFAULT_EAGLE_HEAD})")
     p.add_argument("--medusa-head", default=None, help=f"Medusa head folder (default: {DEFAULT_MEDUSA_HEAD})")
-    p.add_argument("--spec-draft-length", type=int, default=4, help="k: chain length, tree depth at most")
-    p.add_argument("--tree-top-k", type=int, default=4, help="EAGLE tree: frontier nodes and children per depth")
-    p.add_argument("--tree-node-budget", type=int, default=16,
-                   help="trees: draft tokens per step (EAGLE: its most probable nodes; Medusa: the first nodes of its tree)")
+    p.add_argument("--spec-draft-length", type=int, default=None,
+                   help="k: chain length, tree depth at most (default: the device's, CPU 1 / GPU 4)")
+    p.add_argument("--tree-top-k", type=int, default=None,
+                   help="EAGLE tree: frontier nodes and children per depth (default: the device's, CPU 2 / GPU 8)")
+    p.add_argument("--tree-node-budget", type=int, default=None,
+                   help="trees: draft tokens per step (EAGLE: its most probable nodes; Medusa: the first nodes of its"
+                        " tree; default: the device's, CPU 2 / GPU 30)")
     p.add_argument("--lookup-tokens", type=int, default=10,
                    help="transformers' prompt_lookup_num_tokens (the value its documentation uses)")
     p.add_argument("--seed", type=int, default=0, help="temperature 1: request i draws with seed + i")
@@ -65,10 +70,12 @@ class SpecBenchConfig:
 
 
 def spec_config(args) -> SpecBenchConfig:
-    """Heads not named take the shipped defaults, or under --reduced tiny random ones."""
+    """Heads not named take the shipped defaults, or under --reduced tiny random ones; shape flags
+    not given, the shape `tandem up` gives the target's device."""
     def head(flag, default):
         return Path(flag) if flag else (None if args.reduced else default)
 
+    args = argparse.Namespace(**{**vars(args), **device_shape_flags(args)})
     return SpecBenchConfig(
         dtype=args.dtype, max_tokens=args.max_tokens, concurrency=args.concurrency, threads=args.threads,
         seed=args.seed, temperatures=tuple(args.temperatures), rows=tuple(args.rows),

@@ -60,3 +60,11 @@ def shipped_head(method: str) -> Path | None:
 
 def default_shape(device: str) -> DraftShape:
     return CPU_SHAPE if device == "cpu" else GPU_SHAPE
+
+
+def device_shape_flags(args) -> dict:
+    """The device's value of each shape flag (--spec-draft-length, --tree-top-k,
+    --tree-node-budget) that args leaves unset (None)."""
+    shape = default_shape(args.device)
+    values = {"spec_draft_length": shape.k, "tree_top_k": shape.tree_top_k, "tree_node_budget": shape.tree_node_budget}
+    return {name: value for name, value in values.items() if getattr(args, name) is None}

@@ -53,6 +53,16 @@ def test_devices_default_to_the_cpu_and_the_draft_follows_the_target(tmp_path):
     assert _config(tmp_path, "--device", "cuda:0", "--draft-device", "cuda:1").devices == Devices("cuda:0", "cuda:1")
 
 
+def test_shape_flags_not_given_take_the_shape_tandem_up_gives_the_device(tmp_path):
+    def shape(*flags):
+        cfg = _config(tmp_path, *flags)
+        return cfg.spec_draft_length, cfg.tree_top_k, cfg.tree_node_budget
+
+    assert shape() == (1, 2, 2)  # a CPU: depth-1 trees of 2 nodes
+    assert shape("--device", "cuda:0") == (4, 8, 30)
+    assert shape("--device", "cuda:0", "--tree-node-budget", "12", "--spec-draft-length", "3") == (3, 8, 12)
+
+
 class FakeRunner:
     def __init__(self, result: GroupResult | None):
         self.result, self.calls = result, 0
