@@ -45,6 +45,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="tiny target, built-in prompts, a few steps (seconds; for tests)")
     _flag(p, "max_minutes", float, "end the sitting cleanly (checkpoint, head, exit 0) after this long; 0: no limit")
     _flag(p, "num_prompts", help="training prompts (whole shards; a held-out shard comes on top)")
+    _flag(p, "skip_prompts", help="leave out the first N training prompts, e.g. those an --init-head head was "
+                                  "trained on (the held-out shard stays the same; default 0)")
     _flag(p, "max_prompt_tokens", help="chat-templated prompt length cap")
     _flag(p, "max_new_tokens", help="answer length cap")
     _flag(p, "gen_batch", help="sequences per generation batch")
@@ -70,6 +72,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "ttt_steps", help="EAGLE: draft steps unrolled in training (1: EAGLE-1; >1: EAGLE-3 training-time test)")
     p.add_argument("--init-from-target", action="store_true", default=_env_flag("init_from_target"),
                    help="EAGLE: start the head's layer from the target's last decoder layer")
+    _flag(p, "init_head", str, "EAGLE: start from this head folder's weights and draft vocabulary (e.g. "
+                               "heads/eagle-smollm2-135m, to train it on more answers with --skip-prompts)")
     _flag(p, "draft_vocab", help="prune the draft vocabulary to the N most frequent answer tokens (0: full); "
                                  "Medusa: only the served heads' ranking and the evaluation, not the loss")
     _flag(p, "medusa_heads", help="Medusa heads (default 4)")
@@ -92,7 +96,9 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
     name = f"quick-{args.method}" if args.quick else f"{args.method}-default"
     out = Path(args.out) if args.out else home / "train" / name
     target = _target_dir(args, home, out)
-    spec = DataSpec(target_dir=target, quick=args.quick, shard_prompts=mode["shard_prompts"], **{
+    _check_flags(args)
+    spec = DataSpec(target_dir=target, quick=args.quick, shard_prompts=mode["shard_prompts"],
+                    skip_prompts=args.skip_prompts or 0, **{
         name: _pick(args, name, mode) for name in ("target_dtype", "num_prompts", "max_prompt_tokens", "max_new_tokens",
                                                    "gen_batch", "feature_batch_tokens")})
     steps = _pick(args, "steps", mode)
@@ -107,10 +113,29 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
         seed=_pick(args, "seed", mode, 0), compute_dtype=_pick(args, "compute_dtype", mode),
         threads=_pick(args, "threads", mode), save_format=args.save_format, quick=args.quick,
         show_progress=True, ce_weight=_pick(args, "ce_weight", mode, 0.1), ttt_steps=_pick(args, "ttt_steps", mode, 1),
-        init_from_target=args.init_from_target, draft_vocab=_pick(args, "draft_vocab", mode, 0),
+        init_from_target=args.init_from_target, init_head=Path(args.init_head) if args.init_head else None,
+        draft_vocab=_pick(args, "draft_vocab", mode, 0),
         medusa_heads=_pick(args, "medusa_heads", mode, 4), medusa_layers=_pick(args, "medusa_layers", mode, 1),
         medusa_lm_head=args.medusa_lm_head, eval_mtbench=_pick(args, "eval_mtbench", mode, 0),
     ), home
+
+
+def _check_flags(args) -> None:
+    for name, least in (("skip_prompts", 0), ("steps", 0), ("batch_size", 1), ("ttt_steps", 1), ("num_prompts", 1)):
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise SystemExit(f"tandem train-draft: --{name.replace('_', '-')} must be {least} or more, not {value}")
+    if not args.init_head:
+        return
+    clash = [flag for flag, given in (("--method medusa", args.method != "eagle"),
+                                      ("--init-from-target", args.init_from_target),
+                                      ("--draft-vocab", args.draft_vocab is not None),
+                                      ("--eval-head", args.eval_head)) if given]
+    if clash:  # the head brings its own layer and vocabulary
+        raise SystemExit(f"tandem train-draft: --init-head is for EAGLE training and keeps the head's layer and "
+                         f"draft vocabulary; it cannot go with {', '.join(clash)}")
+    if not (Path(args.init_head) / "config.json").is_file():
+        raise SystemExit(f"tandem train-draft: --init-head {args.init_head} is not a head folder (no config.json)")
 
 
 def _target_dir(args, home: Path, out: Path) -> Path:
@@ -128,14 +153,21 @@ def _target_dir(args, home: Path, out: Path) -> Path:
 
 
 def cmd_train_draft(args) -> int:
+    from tandem.errors import InvalidArgument
     from tandem.train.run import evaluate_head, run_train_draft
 
     cfg, home = config_from_args(args)
-    if args.eval_head:
-        evaluate_head(cfg, home, Path(args.eval_head), log=lambda m: print(m, file=sys.stderr, flush=True))
-        print(f"evaluation of {args.eval_head} in {cfg.run_dir / 'evaluation.json'}")
-        return 0
-    record = run_train_draft(cfg, home, log=lambda m: print(m, file=sys.stderr, flush=True))
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    try:
+        if args.eval_head:
+            evaluate_head(cfg, home, Path(args.eval_head), log=log)
+            print(f"evaluation of {args.eval_head} in {cfg.run_dir / 'evaluation.json'}")
+            return 0
+        record = run_train_draft(cfg, home, log=log)
+    except InvalidArgument as e:  # a refused setting or run folder: the message, not a traceback
+        raise SystemExit(f"tandem train-draft: {e}") from None
     ev = record.get("evaluation", {})
     print(f"{record['status']}: step {record.get('steps', 0)}/{cfg.steps}; head in {cfg.run_dir / 'head'}; "
           f"held-out top-1 {ev.get('heldout_top1', float('nan')):.3f}, "

@@ -41,6 +41,7 @@ class TrainConfig:
     ce_weight: float = 0.1  # EAGLE-1's p_w: loss = SmoothL1(features) + ce_weight * CE
     ttt_steps: int = 1  # draft steps unrolled in training (1: EAGLE-1 teacher forcing; >1: EAGLE-3's TTT)
     init_from_target: bool = False  # the head's layer starts as the target's last decoder layer
+    init_head: Path | None = None  # a head folder whose weights and draft vocabulary the run starts from
     draft_vocab: int = 0  # 0: the full vocabulary; N: the N most frequent answer tokens (EAGLE-3 d2t)
     eval_chain: int = 4  # k of the greedy chains whose accepted length is estimated
     eval_mtbench: int = 0  # also evaluate on the target's answers to this many MT-bench questions

@@ -257,7 +257,8 @@ class EagleMethod:
         return self._head(embed, lm_head, d2t, init_from_target=cfg.init_from_target and not saved)
 
     def load(self, head_dir: Path) -> EagleTrainHead:
-        """A head folder (a shipped head) as a training module, to evaluate it."""
+        """A head folder (a shipped head) as a training module, to evaluate it or to train it on
+        (--init-head), with its own draft vocabulary."""
         embed, lm_head = target_embeddings(self.cfg.head_target_dir, self.dtype)
         head = self._head(embed, lm_head, read_draft_vocab(head_dir, embed.shape[0]), init_from_target=False)
         head.load_public_state(read_eagle_checkpoint(head_dir)[1])

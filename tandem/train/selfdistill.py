@@ -2,7 +2,8 @@
 final-norm features over prompt + answer, cached on disk in shards.
 
 Shard k holds prompts [k * S, (k + 1) * S) of the prompt list (S = `shard_prompts`); shard 0 is
-the held-out set, never trained on. Per shard, two files, each written to a temporary name and
+the held-out set, never trained on. `skip_prompts` N moves every training shard N prompts on
+(fresh prompts for a head already trained on the first ones); the held-out shard stays. Per shard, two files, each written to a temporary name and
 renamed, so a sitting that stops keeps every shard it finished and a later one resumes:
 
     answers/shard-NNNNN.npz   tokens int32 [sum L] (prompt + answer, packed), lengths int32 [n],
@@ -52,11 +53,16 @@ class DataSpec:
     gen_batch: int  # sequences per generation batch
     feature_batch_tokens: int  # padded tokens per feature batch
     seed: int = 0  # order of the prompt list
+    skip_prompts: int = 0  # training shards start this many prompts later
+
+    def first_prompt(self, shard: int) -> int:
+        return shard * self.shard_prompts + (self.skip_prompts if shard else 0)
 
     def identity(self) -> dict:
         """What cached shards depend on (the batch sizes only change the speed)."""
         config = (Path(self.target_dir) / "config.json").read_bytes()
-        return {"format": DATA_FORMAT, "target_config_sha256": hashlib.sha256(config).hexdigest(),
+        skip = {"skip_prompts": self.skip_prompts} if self.skip_prompts else {}  # older folders have none
+        return {**skip, "format": DATA_FORMAT, "target_config_sha256": hashlib.sha256(config).hexdigest(),
                 "target_dtype": self.target_dtype, "quick": self.quick, "seed": self.seed,
                 "max_prompt_tokens": self.max_prompt_tokens, "max_new_tokens": self.max_new_tokens,
                 "shard_prompts": self.shard_prompts}
@@ -188,7 +194,7 @@ def _atomic_save(path: Path, save: Callable[[object], None]) -> None:
 
 def make_answers(model, tokenizer, spec: DataSpec, prompts: list[str], shard: int, data_dir: Path) -> int:
     """The greedy answers of one shard's prompts; returns the number of tokens generated."""
-    index = list(range(shard * spec.shard_prompts, (shard + 1) * spec.shard_prompts))
+    index = list(range(spec.first_prompt(shard), spec.first_prompt(shard) + spec.shard_prompts))
     rendered = [render_prompt(tokenizer, prompts[i], spec.max_prompt_tokens) for i in index]
     order = sorted(range(len(index)), key=lambda j: len(rendered[j]))  # similar lengths: less padding
     answers: list[list[int]] = [[] for _ in index]
@@ -230,9 +236,10 @@ def prepare_data(spec: DataSpec, data_dir: Path, home: Path | None, *, deadline:
     if not todo:
         return {"complete": True, "shards": shards_done(data_dir, spec)}
     prompts = training_prompts(home, quick=spec.quick, seed=spec.seed)
-    if spec.num_shards * spec.shard_prompts > len(prompts):
+    if spec.first_prompt(spec.num_shards) > len(prompts):
         raise InvalidArgument(f"--num-prompts {spec.num_prompts} (in shards of {spec.shard_prompts}, plus the "
-                              f"held-out shard) exceeds the {len(prompts)} prompts available")
+                              f"held-out shard) after --skip-prompts {spec.skip_prompts} exceeds the "
+                              f"{len(prompts)} prompts available")
     tokenizer = AutoTokenizer.from_pretrained(spec.target_dir)
     model = AutoModelForCausalLM.from_pretrained(spec.target_dir, dtype=getattr(torch, spec.target_dtype)).eval()
     clock = {"generated": 0, "gen_s": 0.0, "featured": 0, "feat_s": 0.0, "shards": 0}

@@ -9,6 +9,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,7 @@ from tandem.train.losses import IGNORE, linear_cross_entropy
 from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, STATIC_TREE_SIZES, _chain_metrics, _merge, anchor_rows,
                                   best_static_tree, draft_ranks, static_tree_lengths, static_tree_metrics, walk_histogram)
 from tandem.train.run import evaluate_head, run_train_draft
-from tandem.train.selfdistill import eos_ids, greedy_batch, render_prompt
+from tandem.train.selfdistill import answers_path, eos_ids, greedy_batch, render_prompt
 from tandem.train.sharegpt import first_user_turns, iter_complete_objects
 
 CUT_OFF = """[
@@ -305,3 +306,49 @@ def test_max_minutes_ends_the_sitting_with_a_checkpoint(eagle_run, tiny, data_di
     assert 0 < saved["step"] == record["steps"] < cfg.steps
     assert (cfg.run_dir / "head" / "model.safetensors").is_file()
     assert json.loads((cfg.run_dir / "training.json").read_text())["status"] == "time limit"
+
+
+def test_skip_prompts_moves_the_training_shards_and_keeps_the_held_out_one(tiny, tmp_path):
+    cfg = quick_config(tiny, tmp_path / "run", tmp_path / "data", "--num-prompts", "8", "--skip-prompts", "8",
+                       "--steps", "1")
+    train_quick(cfg)
+    shards = [np.load(answers_path(cfg.data_dir, k))["prompt_index"].tolist() for k in (0, 1)]
+    assert shards == [list(range(0, 8)), list(range(16, 24))]  # prompts 8-15 left out
+    assert json.loads((cfg.data_dir / "meta.json").read_text())["skip_prompts"] == 8
+    too_far = quick_config(tiny, tmp_path / "far", tmp_path / "far-data", "--num-prompts", "8", "--skip-prompts", "24")
+    with pytest.raises(InvalidArgument, match="--skip-prompts 24"):
+        train_quick(too_far)
+
+
+def test_init_head_trains_on_from_a_heads_weights_and_vocabulary(tiny, data_dir, tmp_path):
+    base = quick_config(tiny, tmp_path / "base", data_dir, "--draft-vocab", "100", "--steps", "20")
+    base_record = train_quick(base)
+    on = quick_config(tiny, tmp_path / "on", data_dir, "--init-head", str(base.run_dir / "head"), "--steps", "3")
+    record = train_quick(on)
+    fresh = full_data_loss(base, None)
+    start = full_data_loss(base, DRAFT_METHODS["eagle"](on).load(base.run_dir / "head").state_dict())
+    assert start < 0.9 * fresh  # the base head's weights, not a fresh initialisation
+    assert record["history"][0]["loss"] == pytest.approx(base_record["history"][-1]["loss"], rel=0.2)
+    assert load_checkpoint(on.run_dir)["model"]["d2t"].tolist() == load_checkpoint(base.run_dir)["model"]["d2t"].tolist()
+    resumed = train_quick(dataclasses.replace(on, steps=5, resume=True))  # the checkpoint's weights, same shapes
+    assert resumed["steps"] == 5
+    assert "started from the head in" in (on.run_dir / "head" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--method", "medusa"], "--method medusa"), (["--draft-vocab", "50"], "--draft-vocab"),
+    (["--init-from-target"], "--init-from-target")])
+def test_init_head_refuses_flags_it_would_ignore(tiny, tmp_path, flags, message):
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text("{}")
+    with pytest.raises(SystemExit, match=message):
+        quick_config(tiny, tmp_path / "run", tmp_path / "data", "--init-head", str(head), *flags)
+    with pytest.raises(SystemExit, match="not a head folder"):
+        quick_config(tiny, tmp_path / "run", tmp_path / "data", "--init-head", str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("flag, value", [("--skip-prompts", "-1"), ("--ttt-steps", "0"), ("--batch-size", "0")])
+def test_out_of_range_sizes_are_refused_by_name(tiny, tmp_path, flag, value):
+    with pytest.raises(SystemExit, match=f"{flag} must be"):
+        quick_config(tiny, tmp_path / "run", tmp_path / "data", flag, value)
