@@ -157,6 +157,7 @@ def cmd_train_draft(args) -> int:
     from tandem.train.run import evaluate_head, run_train_draft
 
     cfg, home = config_from_args(args)
+
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
