@@ -25,6 +25,10 @@ class RouterConfig:
     # The draft service; None: plain decoding.
     draft_address: str | None = None
     spec_draft_length: int = 4
+    # Steps that decode this many sequences or more verify no drafts (0: never): a verify of
+    # k + 1 tokens a sequence costs more than it saves in large batches (vLLM's
+    # speculative_disable_by_batch_size). The draft keeps receiving hidden states meanwhile.
+    spec_disable_batch_size: int = 0
     draft_timeout_s: float = 10.0
     # How long to wait for the target at start-up and per step.
     connect_timeout_s: float = 120.0
@@ -36,3 +40,5 @@ class RouterConfig:
         for name in ("prefill_chunk_size", "max_waiting", "default_max_tokens", "spec_draft_length"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
+        if self.spec_disable_batch_size < 0:
+            raise InvalidArgument(f"spec_disable_batch_size must be >= 0, got {self.spec_disable_batch_size}")

@@ -139,6 +139,7 @@ class RouterSnapshot:
     target_compute_ms_total: float
     draft_ms_total: float
     draft_compute_ms_total: float
+    spec_paused_steps_total: int
     finished_by_reason: dict[str, int] = field(default_factory=dict)
     time_to_first_token: HistogramSnapshot | None = None
     inter_token_latency: HistogramSnapshot | None = None
@@ -193,7 +194,7 @@ def _speculation(spec) -> dict:
     if spec is None:
         return dict(draft_tokens_total=0, accepted_draft_tokens_total=0, mean_accepted_length=1.0,
                     proposed_by_position=(), accepted_by_position=(), acceptance_by_position=(),
-                    draft_ms_total=0.0, draft_compute_ms_total=0.0)
+                    draft_ms_total=0.0, draft_compute_ms_total=0.0, spec_paused_steps_total=0)
     return dict(
         draft_tokens_total=spec.draft_tokens,
         accepted_draft_tokens_total=spec.accepted_tokens,
@@ -203,4 +204,5 @@ def _speculation(spec) -> dict:
         acceptance_by_position=tuple(spec.acceptance_by_position()),
         draft_ms_total=spec.draft_ms,
         draft_compute_ms_total=spec.draft_compute_ms,
+        spec_paused_steps_total=spec.paused_steps,
     )

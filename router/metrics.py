@@ -53,6 +53,8 @@ def _speculation(s: RouterSnapshot) -> list[Metric]:
         labelled_counter(f"{P}_draft_position_accepted_total", "Verifies that accepted the draft at this position.",
                          "position", dict(zip(positions, s.accepted_by_position))),
         gauge(f"{P}_speculation_active", "1 while a healthy draft service drafts, else 0.", int(s.speculation_active)),
+        counter(f"{P}_spec_paused_steps_total", "Steps that drafted nothing: they decoded --spec-disable-batch-size"
+                " sequences or more.", s.spec_paused_steps_total),
     ]
 
 

@@ -36,6 +36,7 @@ class SpecStats:
     proposed_at: list[int] = field(default_factory=list)  # per draft position (tree depth)
     accepted_at: list[int] = field(default_factory=list)
     draft_failures: int = 0
+    paused_steps: int = 0  # steps that drafted nothing for their batch size (disable_batch_size)
     # Draft calls as the router waited for them, and the draft's own time within them (which
     # includes its wait for the target's hidden states): the difference is RPC overhead.
     draft_ms: float = 0.0
@@ -68,10 +69,12 @@ class Speculator:
     """Which sequences the draft holds is the scheduler's to say (it sends their ops in
     StepPlan.draft_ops); this class talks to the draft service and watches its health."""
 
-    def __init__(self, channel: grpc.aio.Channel, k: int, timeout_s: float, probe_s: float = 2.0):
+    def __init__(self, channel: grpc.aio.Channel, k: int, timeout_s: float, probe_s: float = 2.0,
+                 disable_batch_size: int = 0):
         self.stub = engine_pb2_grpc.DraftEngineStub(channel)
         self.health = health_pb2_grpc.HealthStub(channel)
         self.k = k
+        self.disable_batch_size = disable_batch_size  # 0: draft at any batch size
         self.timeout_s = timeout_s
         self.probe_s = probe_s
         self.healthy = True
@@ -126,6 +129,10 @@ class Speculator:
             (e, s) for e, s in zip(plan.entries, plan.seqs)
             if s.draft_live and e.kind is EntryKind.DECODE and self._room(s) > 0
         ]
+        if wanted and self._paused(plan):
+            # Hidden states still flow (mark_hidden): the draft absorbs them at its next drafted step.
+            self.stats.paused_steps += 1
+            wanted = []
         if not self.healthy or (not wanted and not self._ops):
             return plan, 0, []
         request = DraftRequest(
@@ -161,6 +168,10 @@ class Speculator:
             for e in plan.entries
         )
         return dataclasses.replace(plan, entries=entries), request.draft_step_id, unserved
+
+    def _paused(self, plan: StepPlan) -> bool:
+        decoding = sum(e.kind is EntryKind.DECODE for e in plan.entries)
+        return 0 < self.disable_batch_size <= decoding
 
     @staticmethod
     def _room(seq: RequestSeq) -> int:

@@ -48,6 +48,8 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
 def _add_spec_flags(p: argparse.ArgumentParser, default: int | None = 4, help: str = "") -> None:
     p.add_argument("--spec-draft-length", type=int, default=_env("spec_draft_length", default),
                    help=help or "draft tokens per step (k)")
+    p.add_argument("--spec-disable-batch-size", type=int, default=_env("spec_disable_batch_size", 0),
+                   help="steps that decode this many sequences or more verify no drafts (0: never)")
 
 
 def _add_draft_shape_flags(p: argparse.ArgumentParser, device_defaults: bool = False) -> None:
@@ -117,6 +119,7 @@ def router_config(args, model: Path):
         default_max_tokens=args.default_max_tokens,
         draft_address=args.draft or None,
         spec_draft_length=args.spec_draft_length,
+        spec_disable_batch_size=args.spec_disable_batch_size,
         max_num_sequence=getattr(args, "router_max_num_sequence", 0),
         max_total_sequence_length=args.max_total_sequence_length,
         prefix_cache_max_num_recycling_seqs=args.prefix_cache_max_num_recycling_seqs,

@@ -67,6 +67,7 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
         "--max-total-sequence-length", str(args.max_total_sequence_length),
         "--prefix-cache-max-num-recycling-seqs", str(args.prefix_cache_max_num_recycling_seqs),
         "--spec-draft-length", str(args.spec_draft_length),
+        "--spec-disable-batch-size", str(args.spec_disable_batch_size),
         "--metrics-port", str(args.router_metrics_port),
     ]
     draft = None

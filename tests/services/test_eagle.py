@@ -74,6 +74,26 @@ def test_concurrent_speculative_streams_equal_target(eagle, reference):
     assert outs == [reference[p] for p in TINY_PROMPTS]
 
 
+def test_steps_past_the_disable_batch_size_draft_nothing_and_the_draft_catches_up(tiny_model, trained_head, reference):
+    s = start_services(tiny_model, draft_model=trained_head, router={"spec_draft_length": 4, "spec_disable_batch_size": 2})
+    try:
+        long, short = TINY_PROMPTS[0], TINY_PROMPTS[1:4]
+        jobs = [(long, greedy())] + [(p, greedy(max_tokens=8)) for p in short]
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            outs = list(pool.map(lambda j: generate(s.stub, prompt=j[0], params=j[1]), jobs))
+        assert [o[0] for o in outs] == [reference[long]] + [reference[p][:8] for p in short]
+        assert s.stub.Stats(pb.StatsRequest()).spec_paused_steps_total > 0
+        # The long request decoded in every paused step, then drafted alone: its draft absorbed the
+        # paused positions' hidden states in one go (pairs out of place would accept almost nothing).
+        usage = outs[0][3].usage
+        assert usage.draft_tokens > 0 and usage.accepted_draft_tokens / usage.draft_tokens > 0.2
+        assert s.wait_idle().sequences_live == 0
+        draft = wait_draft_idle(s)
+        assert draft.sequences_live == 0 and draft.kv_pages_free == draft.kv_pages_total
+    finally:
+        s.stop()
+
+
 def test_speculation_off_per_request(eagle, reference):
     before = eagle.stub.Stats(pb.StatsRequest()).draft_tokens_total
     ids, _, _, last = generate(eagle.stub, prompt=TINY_PROMPTS[0], params=greedy(speculate=False))

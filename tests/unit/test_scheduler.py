@@ -702,3 +702,8 @@ def test_resolve_limits_rejects_a_page_size_other_than_the_targets():
 def test_resolve_limits_rejects_a_total_length_beyond_the_cache():
     with pytest.raises(InvalidArgument, match="max_total_sequence_length"):
         resolve_limits(config(max_total_sequence_length=257), INFO, None)
+
+
+def test_a_negative_spec_disable_batch_size_is_refused_by_name():
+    with pytest.raises(InvalidArgument, match="spec_disable_batch_size"):
+        config(spec_disable_batch_size=-1)
