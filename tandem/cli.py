@@ -46,10 +46,13 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_spec_flags(p: argparse.ArgumentParser, default: int | None = 4, help: str = "") -> None:
+    """default None (tandem up): both flags take the device's (tandem.models.heads)."""
     p.add_argument("--spec-draft-length", type=int, default=_env("spec_draft_length", default),
                    help=help or "draft tokens per step (k)")
-    p.add_argument("--spec-disable-batch-size", type=int, default=_env("spec_disable_batch_size", 0),
-                   help="steps that decode this many sequences or more verify no drafts (0: never)")
+    p.add_argument("--spec-disable-batch-size", type=int,
+                   default=_env("spec_disable_batch_size", None if default is None else 0),
+                   help="steps that decode this many sequences or more verify no drafts (0: never"
+                        + ("; default: the device's)" if default is None else ")"))
 
 
 def _add_draft_shape_flags(p: argparse.ArgumentParser, device_defaults: bool = False) -> None:

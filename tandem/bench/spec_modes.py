@@ -23,6 +23,8 @@ def add_spec_flags(p) -> None:
     p.add_argument("--tree-node-budget", type=int, default=None,
                    help="trees: draft tokens per step (EAGLE: its most probable nodes; Medusa: the first nodes of its"
                         " tree; default: the device's, CPU 2 / GPU 30)")
+    p.add_argument("--spec-disable-batch-size", type=int, default=None,
+                   help="the routers' --spec-disable-batch-size (default: the device's, as tandem up)")
     p.add_argument("--lookup-tokens", type=int, default=10,
                    help="transformers' prompt_lookup_num_tokens (the value its documentation uses)")
     p.add_argument("--seed", type=int, default=0, help="temperature 1: request i draws with seed + i")
@@ -59,6 +61,7 @@ class SpecBenchConfig:
     spec_draft_length: int
     tree_top_k: int
     tree_node_budget: int
+    spec_disable_batch_size: int
     lookup_tokens: int
     out: Path
     reduced: bool
@@ -81,7 +84,8 @@ def spec_config(args) -> SpecBenchConfig:
         seed=args.seed, temperatures=tuple(args.temperatures), rows=tuple(args.rows),
         eagle_head=head(args.eagle_head, DEFAULT_EAGLE_HEAD), medusa_head=head(args.medusa_head, DEFAULT_MEDUSA_HEAD),
         spec_draft_length=args.spec_draft_length,
-        tree_top_k=args.tree_top_k, tree_node_budget=args.tree_node_budget, lookup_tokens=args.lookup_tokens,
+        tree_top_k=args.tree_top_k, tree_node_budget=args.tree_node_budget,
+        spec_disable_batch_size=args.spec_disable_batch_size, lookup_tokens=args.lookup_tokens,
         out=Path(args.out), reduced=args.reduced, devices=Devices.from_args(args),
     )
 
@@ -105,7 +109,7 @@ class Mode:
 def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
     """The six rows, in report order; a row left out of --rows or without its head folder is
     skipped with the reason."""
-    k = ("--spec-draft-length", str(cfg.spec_draft_length))
+    k = ("--spec-draft-length", str(cfg.spec_draft_length), "--spec-disable-batch-size", str(cfg.spec_disable_batch_size))
     services = "target, draft and router as processes; batch B: B concurrent Generate streams"
     budget = ("--tree-node-budget", str(cfg.tree_node_budget))
     tree = ("--shape", "tree", "--tree-top-k", str(cfg.tree_top_k), *budget)

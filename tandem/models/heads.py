@@ -39,6 +39,7 @@ class DraftShape:
     k: int  # chain length, tree depth at most
     tree_top_k: int = 4
     tree_node_budget: int = 16
+    spec_disable_batch_size: int = 0  # the router's: steps decoding this many sequences draft nothing (0: never)
 
 
 CPU_SHAPE = DraftShape("tree", k=1, tree_top_k=2, tree_node_budget=2)
@@ -64,7 +65,8 @@ def default_shape(device: str) -> DraftShape:
 
 def device_shape_flags(args) -> dict:
     """The device's value of each shape flag (--spec-draft-length, --tree-top-k,
-    --tree-node-budget) that args leaves unset (None)."""
+    --tree-node-budget, --spec-disable-batch-size) that args leaves unset (None)."""
     shape = default_shape(args.device)
-    values = {"spec_draft_length": shape.k, "tree_top_k": shape.tree_top_k, "tree_node_budget": shape.tree_node_budget}
+    values = {"spec_draft_length": shape.k, "tree_top_k": shape.tree_top_k, "tree_node_budget": shape.tree_node_budget,
+              "spec_disable_batch_size": shape.spec_disable_batch_size}
     return {name: value for name, value in values.items() if getattr(args, name) is None}

@@ -75,9 +75,13 @@ def test_up_decodes_plainly_for_a_model_of_ones_own_unless_told(monkeypatch):
 
 def test_up_service_args_carry_the_chosen_draft(monkeypatch):
     from tandem.launcher import service_args
+    from tandem.models.heads import CPU_SHAPE
 
     _, router, draft = service_args(_up("--draft", "eagle", monkeypatch=monkeypatch), Path("/models/default"))
     assert router[router.index("--spec-draft-length") + 1] == "1"
+    assert router[router.index("--spec-disable-batch-size") + 1] == str(CPU_SHAPE.spec_disable_batch_size)
+    _, mine, _ = service_args(_up("--draft", "eagle", "--spec-disable-batch-size", "6", monkeypatch=monkeypatch), Path("/m"))
+    assert mine[mine.index("--spec-disable-batch-size") + 1] == "6"
     assert draft[draft.index("--shape") + 1] == "tree"
     assert draft[draft.index("--tree-node-budget") + 1] == "2"
     assert draft[draft.index("--draft-model") + 1].endswith("heads/eagle-smollm2-135m")
