@@ -19,6 +19,8 @@ class EngineLimits:
     max_total_sequence_length: tokens over all live sequences. Default: the KV cache's size.
     prefill_chunk_size: prompt tokens per step; longer prompts are prefilled in chunks.
     spec_draft_length: draft tokens per verify (k); 0 without a draft service.
+    spec_disable_batch_size: steps that decode this many sequences or more carry no drafts and
+        reserve no KV for them (0: never; 0 without a draft service).
     prefix_cache_max_num_recycling_seqs: finished sequences kept for later prompts to match
         (-1: no limit but max_held_sequences, 0: prefix cache off).
     kv_page_size, kv_pages_total: the target's paged KV cache.
@@ -37,6 +39,7 @@ class EngineLimits:
     max_waiting: int = 1024
     sliding_window: int = 0
     max_draft_tokens: int = 0  # draft tokens (tree nodes) per verify at most; 0: spec_draft_length
+    spec_disable_batch_size: int = 0
     max_context_length: int = 0  # the target's context (0: unchecked)
 
     def __post_init__(self) -> None:
@@ -103,5 +106,6 @@ def resolve_limits(config, info: EngineInfo, draft_max_num_sequence: int | None,
         max_waiting=config.max_waiting,
         sliding_window=info.sliding_window,
         max_draft_tokens=max(k, draft_max_tokens) if k else 0,
+        spec_disable_batch_size=config.spec_disable_batch_size if k else 0,
         max_context_length=info.max_context_length,
     )

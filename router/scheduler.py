@@ -33,6 +33,7 @@ class StepPlan:
     entries: tuple[StepEntry, ...]
     seqs: tuple[Sequence, ...]  # the sequence of each entry, in entry order
     draft_ops: tuple[SequenceOp, ...] = ()  # the same changes for the draft's sequences
+    drafts_paused: bool = False  # it decodes spec_disable_batch_size sequences or more: no drafts
 
     @property
     def empty(self) -> bool:
@@ -53,6 +54,7 @@ class Scheduler:
         # come back with another shape), else the limits'.
         self.draft_budget = draft_budget or (lambda: limits.drafts_per_verify)
         self._draft_allow: dict[int, int] = {}  # this step's drafts, where fewer than the budget fit
+        self._drafts_paused = False  # this step's: see StepPlan.drafts_paused
         self.draft_held: set[int] = set()
         self.kv = KvState(limits.kv_pages_total, limits.kv_page_size, limits.max_held_sequences,
                           limits.prefix_cache_max_num_recycling_seqs, limits.sliding_window)
@@ -176,7 +178,7 @@ class Scheduler:
         self._admit(room, entries, seqs)
         ops, self._ops = tuple(self._ops), []
         draft_ops, self._draft_ops = tuple(self._draft_ops), []
-        return StepPlan(ops, tuple(entries), tuple(seqs), draft_ops)
+        return StepPlan(ops, tuple(entries), tuple(seqs), draft_ops, self._drafts_paused)
 
     def commit(self, plan: StepPlan) -> None:
         """The plan as sent (drafts included): its tokens take KV slots. A sequence cancelled
@@ -204,6 +206,7 @@ class Scheduler:
         they fit, with the next chunks of the prefills in progress."""
         while True:
             decoding = [s for s in self.running if s.pending_token is not None]
+            self._drafts_paused = 0 < self.limits.spec_disable_batch_size <= len(decoding)
             need = sum(self.kv.pages_needed(s.seq_id, 1 + self._drafts(s)) for s in decoding)
             if need + self._chunk_pages() <= self.kv.free_pages:
                 return need
@@ -250,7 +253,7 @@ class Scheduler:
         return pages
 
     def _drafts(self, seq: Sequence) -> int:
-        if not seq.draft_live:
+        if not seq.draft_live or self._drafts_paused:
             return 0
         return min(self.draft_budget(), self._draft_allow.get(seq.seq_id, self.draft_budget()))
 

@@ -69,12 +69,10 @@ class Speculator:
     """Which sequences the draft holds is the scheduler's to say (it sends their ops in
     StepPlan.draft_ops); this class talks to the draft service and watches its health."""
 
-    def __init__(self, channel: grpc.aio.Channel, k: int, timeout_s: float, probe_s: float = 2.0,
-                 disable_batch_size: int = 0):
+    def __init__(self, channel: grpc.aio.Channel, k: int, timeout_s: float, probe_s: float = 2.0):
         self.stub = engine_pb2_grpc.DraftEngineStub(channel)
         self.health = health_pb2_grpc.HealthStub(channel)
         self.k = k
-        self.disable_batch_size = disable_batch_size  # 0: draft at any batch size
         self.timeout_s = timeout_s
         self.probe_s = probe_s
         self.healthy = True
@@ -125,14 +123,12 @@ class Speculator:
         router.tracing.StepTrace (its draft_call spans the Draft call)."""
         if self.healthy:
             self._ops += plan.draft_ops
-        wanted = [
-            (e, s) for e, s in zip(plan.entries, plan.seqs)
-            if s.draft_live and e.kind is EntryKind.DECODE and self._room(s) > 0
-        ]
-        if wanted and self._paused(plan):
-            # Hidden states still flow (mark_hidden): the draft absorbs them at its next drafted step.
+        speculating = [(e, s) for e, s in zip(plan.entries, plan.seqs) if s.draft_live and e.kind is EntryKind.DECODE]
+        # A cap of 0 (a paused step, pages short, the context's end) drafts nothing this step; the
+        # hidden states still flow (mark_hidden) and the draft absorbs them at its next drafted step.
+        wanted = [(e, s) for e, s in speculating if self._room(s) > 0 and cap(s) > 0]
+        if plan.drafts_paused and speculating and self.healthy:
             self.stats.paused_steps += 1
-            wanted = []
         if not self.healthy or (not wanted and not self._ops):
             return plan, 0, []
         request = DraftRequest(
@@ -168,10 +164,6 @@ class Speculator:
             for e in plan.entries
         )
         return dataclasses.replace(plan, entries=entries), request.draft_step_id, unserved
-
-    def _paused(self, plan: StepPlan) -> bool:
-        decoding = sum(e.kind is EntryKind.DECODE for e in plan.entries)
-        return 0 < self.disable_batch_size <= decoding
 
     @staticmethod
     def _room(seq: RequestSeq) -> int:

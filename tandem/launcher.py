@@ -31,8 +31,9 @@ def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = R
 def resolve_up_draft(args) -> argparse.Namespace:
     """--draft auto, an unnamed head and an unset shape made concrete (tandem.models.heads): on
     the default model a draft method without --draft-model takes the shipped head, and EAGLE
-    without --shape the device's shape; unset --spec-draft-length, --tree-top-k and
-    --tree-node-budget (Medusa's too: the nodes it keeps of its tree) take the device's."""
+    without --shape the device's shape; unset --spec-draft-length, --tree-top-k,
+    --tree-node-budget (Medusa's too: the nodes it keeps of its tree) and
+    --spec-disable-batch-size take the device's."""
     shape = default_shape(args.device)
     draft = default_draft(args.model is not None, args.device) if args.draft == "auto" else args.draft
     chosen = {"draft": draft}

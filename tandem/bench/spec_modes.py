@@ -109,7 +109,8 @@ class Mode:
 def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
     """The six rows, in report order; a row left out of --rows or without its head folder is
     skipped with the reason."""
-    k = ("--spec-draft-length", str(cfg.spec_draft_length), "--spec-disable-batch-size", str(cfg.spec_disable_batch_size))
+    router_flags = ("--spec-draft-length", str(cfg.spec_draft_length),
+                    "--spec-disable-batch-size", str(cfg.spec_disable_batch_size))
     services = "target, draft and router as processes; batch B: B concurrent Generate streams"
     budget = ("--tree-node-budget", str(cfg.tree_node_budget))
     tree = ("--shape", "tree", "--tree-top-k", str(cfg.tree_top_k), *budget)
@@ -118,7 +119,7 @@ def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
         if not (head / "config.json").exists():
             return Mode(name, label, how, skipped=f"skipped: no head at {head}")
         args = ("--method", method, "--draft-model", str(head), *shape_flags)
-        return Mode(name, label, how, StackSpec(draft=args, router=k))
+        return Mode(name, label, how, StackSpec(draft=args, router=router_flags))
 
     modes = [
         Mode("hf_generate", "transformers generate", "transformers generate() in the bench process;"
@@ -127,7 +128,7 @@ def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
              f"transformers generate(prompt_lookup_num_tokens={cfg.lookup_tokens}) in the bench process;"
              " batch B: one left-padded batch (transformers refuses B > 1)", lookup_tokens=cfg.lookup_tokens),
         Mode("tandem_plain", "tandem plain", "target and router as processes (--draft none); batch B: B concurrent"
-             " Generate streams", StackSpec(router=k)),
+             " Generate streams", StackSpec(router=router_flags)),
         draft("eagle_chain", "tandem EAGLE chain", "eagle", eagle, ("--shape", "chain"),
               f"{services}; EAGLE chain of k = {cfg.spec_draft_length}"),
         draft("eagle_tree", "tandem EAGLE tree", "eagle", eagle, tree,

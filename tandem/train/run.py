@@ -84,8 +84,8 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     heldout = ShardedData(cfg.data_dir, [0])
     data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)))
     method = DRAFT_METHODS[cfg.method](cfg)
-    # --init-head: the head's layer and vocabulary; a resumed run then takes its own weights.
-    module = method.load(cfg.init_head) if cfg.init_head else method.build(data, saved["model"] if saved else None)
+    # --init-head starts a run; a resumed one rebuilds from its checkpoint (weights and d2t map).
+    module = method.load(cfg.init_head) if cfg.init_head and not saved else method.build(data, saved["model"] if saved else None)
     if saved:
         module.load_state_dict(saved["model"])
     result = train(method, module, data, cfg, saved=saved, deadline=deadline, log=log)
@@ -101,8 +101,9 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     method.save(module, run_dir / HEAD)
     if tree := fitted_tree(evaluation):
         write_head_choices(run_dir / HEAD, tree)
+    d2t = getattr(module, "d2t", None)  # EAGLE's map: an --init-head run keeps the head's
     record.update(data_summary(cfg, data, heldout), steps=result["step"], history=result["history"],
-                  evaluation=evaluation)
+                  evaluation=evaluation, draft_vocab=len(d2t) if d2t is not None else cfg.draft_vocab)
     return _finish(run_dir, cfg, record, sitting, started, status=result["status"])
 
 
@@ -111,9 +112,14 @@ def _saved_state(cfg: TrainConfig, run_dir: Path) -> dict | None:
     if saved is not None and not cfg.resume:
         raise InvalidArgument(f"{run_dir} already holds a checkpoint (step {saved['step']}): "
                               "pass --resume to continue it, or another --out")
-    previous = run_dir / "run.json"
-    if saved is not None and json.loads(previous.read_text())["method"] != cfg.method:
-        raise InvalidArgument(f"{run_dir} holds a {json.loads(previous.read_text())['method']} run, not {cfg.method}")
+    if saved is None:
+        return None
+    previous = json.loads((run_dir / "run.json").read_text())
+    if previous["method"] != cfg.method:
+        raise InvalidArgument(f"{run_dir} holds a {previous['method']} run, not {cfg.method}")
+    started_from = previous.get("init_head")
+    if started_from != (str(cfg.init_head) if cfg.init_head else None):
+        raise InvalidArgument(f"{run_dir} started from --init-head {started_from}; resume it with the same")
     return saved
 
 
@@ -158,8 +164,8 @@ def model_card(cfg: TrainConfig, record: dict) -> str:
         arch = (f"Medusa-1: {cfg.medusa_heads} heads of {cfg.medusa_layers} residual block(s), "
                 f"{cfg.medusa_lm_head} lm_head")
         use = "tandem up --draft medusa --draft-model <this folder>"
-    if cfg.draft_vocab:
-        arch += f"; pruned draft vocabulary of {cfg.draft_vocab} tokens in {D2T_FILE} (EAGLE-3 d2t/t2d)"
+    if vocab := record.get("draft_vocab", cfg.draft_vocab):
+        arch += f"; pruned draft vocabulary of {vocab} tokens in {D2T_FILE} (EAGLE-3 d2t/t2d)"
     return f"""# {cfg.method} draft head for {model_name(cfg.head_target_dir)}
 
 Trained by `tandem train-draft --method {cfg.method}` (self-distillation). Status: {record['status']}.

@@ -97,7 +97,7 @@ def check_meta(data_dir: Path, spec: DataSpec) -> None:
     if meta.is_file():
         have = json.loads(meta.read_text())
         if have != want:
-            diff = sorted(k for k in want if have.get(k) != want[k])
+            diff = sorted(k for k in want.keys() | have.keys() if have.get(k) != want.get(k))
             raise InvalidArgument(f"data dir {data_dir} holds other data (differs in {diff}); pass another --data-dir")
         return
     Path(data_dir).mkdir(parents=True, exist_ok=True)

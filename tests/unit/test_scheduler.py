@@ -707,3 +707,18 @@ def test_resolve_limits_rejects_a_total_length_beyond_the_cache():
 def test_a_negative_spec_disable_batch_size_is_refused_by_name():
     with pytest.raises(InvalidArgument, match="spec_disable_batch_size"):
         config(spec_disable_batch_size=-1)
+
+
+def test_a_step_decoding_spec_disable_batch_size_sequences_drafts_nothing_and_reserves_no_pages_for_drafts():
+    sched = Scheduler(limits(spec_draft_length=3, max_num_sequence=16, spec_disable_batch_size=2), speculating)
+    first, second = submit(sched, 1, 4, max_tokens=8), submit(sched, 2, 4, max_tokens=8)
+    assert not step(sched).drafts_paused  # prefills only
+    plan = sched.schedule()
+    assert plan.drafts_paused and [e.kind for e in plan.entries] == [EntryKind.DECODE] * 2
+    assert [sched.draft_cap(r.choices[0]) for r in (first, second)] == [0, 0]
+    assert first.choices[0].draft_live and second.choices[0].draft_live
+    run(sched, plan)
+    sched.finish(second.choices[0])
+    alone = sched.schedule()
+    assert not alone.drafts_paused and sched.draft_cap(first.choices[0]) == 3
+

@@ -315,6 +315,9 @@ def test_skip_prompts_moves_the_training_shards_and_keeps_the_held_out_one(tiny,
     shards = [np.load(answers_path(cfg.data_dir, k))["prompt_index"].tolist() for k in (0, 1)]
     assert shards == [list(range(0, 8)), list(range(16, 24))]  # prompts 8-15 left out
     assert json.loads((cfg.data_dir / "meta.json").read_text())["skip_prompts"] == 8
+    unskipped = quick_config(tiny, tmp_path / "other", tmp_path / "data", "--num-prompts", "8", "--steps", "1")
+    with pytest.raises(InvalidArgument, match=r"differs in \['skip_prompts'\]"):
+        train_quick(unskipped)
     too_far = quick_config(tiny, tmp_path / "far", tmp_path / "far-data", "--num-prompts", "8", "--skip-prompts", "24")
     with pytest.raises(InvalidArgument, match="--skip-prompts 24"):
         train_quick(too_far)
@@ -330,9 +333,12 @@ def test_init_head_trains_on_from_a_heads_weights_and_vocabulary(tiny, data_dir,
     assert start < 0.9 * fresh  # the base head's weights, not a fresh initialisation
     assert record["history"][0]["loss"] == pytest.approx(base_record["history"][-1]["loss"], rel=0.2)
     assert load_checkpoint(on.run_dir)["model"]["d2t"].tolist() == load_checkpoint(base.run_dir)["model"]["d2t"].tolist()
-    resumed = train_quick(dataclasses.replace(on, steps=5, resume=True))  # the checkpoint's weights, same shapes
+    resumed = train_quick(dataclasses.replace(on, steps=5, resume=True))  # the checkpoint's weights and map
     assert resumed["steps"] == 5
-    assert "started from the head in" in (on.run_dir / "head" / "README.md").read_text()
+    card = (on.run_dir / "head" / "README.md").read_text()
+    assert "started from the head in" in card and "pruned draft vocabulary of 100 tokens" in card
+    with pytest.raises(InvalidArgument, match="--init-head"):
+        train_quick(dataclasses.replace(on, steps=6, resume=True, init_head=None))
 
 
 @pytest.mark.parametrize("flags, message", [
