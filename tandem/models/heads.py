@@ -22,7 +22,11 @@ temperature 1 and loses with concurrent streams, where a step verifies 3 tokens 
 worth a third process by default. `--draft eagle` or `--draft medusa` without `--draft-model`
 serve the shipped heads anyway (the demo does, to show speculation at work), in the device's
 shape: on a CPU that depth-1 tree of 2 nodes (Medusa: the first 2 nodes of its tree; 3, 8 and 12
-nodes measured 0.94x, 0.93x and 0.87x plain against 1.02x for 2).
+nodes measured 0.94x, 0.93x and 0.87x plain against 1.02x for 2), drafting only for a stream
+decoding alone (the router's --spec-disable-batch-size 2): with 8 streams drafting runs at
+0.91-0.98x plain greedy (0.81-0.87x at temperature 1), paused at 1.00-1.02x (16 questions; README
+Benchmarks). On GPUs the pause is off: where a large batch's verify stops paying there is not
+measured here.
 """
 
 from dataclasses import dataclass
@@ -42,7 +46,7 @@ class DraftShape:
     spec_disable_batch_size: int = 0  # the router's: steps decoding this many sequences draft nothing (0: never)
 
 
-CPU_SHAPE = DraftShape("tree", k=1, tree_top_k=2, tree_node_budget=2)
+CPU_SHAPE = DraftShape("tree", k=1, tree_top_k=2, tree_node_budget=2, spec_disable_batch_size=2)
 GPU_SHAPE = DraftShape("tree", k=4, tree_top_k=8, tree_node_budget=30)
 SHIPPED = {"eagle": EAGLE_HEAD, "medusa": MEDUSA_HEAD}
 
