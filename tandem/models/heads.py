@@ -19,9 +19,9 @@ tandem.models.linear), the head's served depth-1 acceptance is about 0.35-0.5, a
 adds the draft's 5 ms and its RPC. The best shape measured, a depth-1 tree of the draft's 2 best
 tokens, gains 1.08-1.12x plain for one stream (head v5; all 80 MT-bench questions: 1.08x greedy
 and at temperature 1) and loses with concurrent streams, where a step verifies 3 tokens a
-sequence: not worth a third process by default. `--draft eagle` or `--draft medusa` without `--draft-model`
-serve the shipped heads anyway (the demo does, to show speculation at work), in the device's
-shape: on a CPU that depth-1 tree of 2 nodes (Medusa: the first 2 nodes of its tree; 3, 8 and 12
+sequence: not worth a third process by default. `--draft eagle` or `--draft medusa` without
+`--draft-model` serve the shipped heads anyway (the demo does, to show speculation at work), in
+the device's shape: on a CPU that depth-1 tree of 2 nodes (Medusa: the first 2 nodes of its tree; 3, 8 and 12
 nodes measured 0.94x, 0.93x and 0.87x plain against 1.02x for 2), drafting only for a stream
 decoding alone (the router's --spec-disable-batch-size 2): with 8 streams drafting runs at
 0.91-0.98x plain greedy (0.81-0.87x at temperature 1), paused at 1.00-1.02x (16 questions; README

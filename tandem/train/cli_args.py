@@ -95,8 +95,8 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
     home, mode = tandem_home(), QUICK if args.quick else FULL
     name = f"quick-{args.method}" if args.quick else f"{args.method}-default"
     out = Path(args.out) if args.out else home / "train" / name
+    _check_flags(args)  # before _target_dir, which may fetch and convert the model
     target = _target_dir(args, home, out)
-    _check_flags(args)
     spec = DataSpec(target_dir=target, quick=args.quick, shard_prompts=mode["shard_prompts"],
                     skip_prompts=args.skip_prompts or 0, **{
         name: _pick(args, name, mode) for name in ("target_dtype", "num_prompts", "max_prompt_tokens", "max_new_tokens",

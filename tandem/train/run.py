@@ -84,10 +84,7 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     heldout = ShardedData(cfg.data_dir, [0])
     data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)))
     method = DRAFT_METHODS[cfg.method](cfg)
-    # --init-head starts a run; a resumed one rebuilds from its checkpoint (weights and d2t map).
-    module = method.load(cfg.init_head) if cfg.init_head and not saved else method.build(data, saved["model"] if saved else None)
-    if saved:
-        module.load_state_dict(saved["model"])
+    module = _start_module(method, cfg, data, saved)
     result = train(method, module, data, cfg, saved=saved, deadline=deadline, log=log)
     sitting.update(step_to=result["step"], steps_per_s=round(result["steps_per_s"], 4),
                    sequences_per_s=round(result["steps_per_s"] * cfg.batch_size, 3))
@@ -105,6 +102,16 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     record.update(data_summary(cfg, data, heldout), steps=result["step"], history=result["history"],
                   evaluation=evaluation, draft_vocab=len(d2t) if d2t is not None else cfg.draft_vocab)
     return _finish(run_dir, cfg, record, sitting, started, status=result["status"])
+
+
+def _start_module(method, cfg: TrainConfig, data: ShardedData, saved: dict | None) -> torch.nn.Module:
+    """A resumed run rebuilds from its checkpoint (weights and d2t map); a new one starts from
+    --init-head's folder, or fresh."""
+    if saved:
+        module = method.build(data, saved["model"])
+        module.load_state_dict(saved["model"])
+        return module
+    return method.load(cfg.init_head) if cfg.init_head else method.build(data, None)
 
 
 def _saved_state(cfg: TrainConfig, run_dir: Path) -> dict | None:

@@ -3,8 +3,9 @@ final-norm features over prompt + answer, cached on disk in shards.
 
 Shard k holds prompts [k * S, (k + 1) * S) of the prompt list (S = `shard_prompts`); shard 0 is
 the held-out set, never trained on. `skip_prompts` N moves every training shard N prompts on
-(fresh prompts for a head already trained on the first ones); the held-out shard stays. Per shard, two files, each written to a temporary name and
-renamed, so a sitting that stops keeps every shard it finished and a later one resumes:
+(fresh prompts for a head already trained on the first ones); the held-out shard stays. Per
+shard, two files, each written to a temporary name and renamed, so a sitting that stops keeps
+every shard it finished and a later one resumes:
 
     answers/shard-NNNNN.npz   tokens int32 [sum L] (prompt + answer, packed), lengths int32 [n],
                               prompt_lens int32 [n], prompt_index int64 [n]

@@ -11,6 +11,7 @@ from tandem.bench.spec_modes import plan_modes, spec_config
 from tandem.bench.spec_report import _ratios
 from tandem.bench.spec_runners import GroupResult, Refused, Tally
 from tandem.cli import build_parser
+from tandem.models.heads import CPU_SHAPE
 
 
 def _config(tmp_path, *flags):
@@ -61,8 +62,6 @@ def test_shape_flags_not_given_take_the_shape_tandem_up_gives_the_device(tmp_pat
     assert shape() == (1, 2, 2)  # a CPU: depth-1 trees of 2 nodes
     assert shape("--device", "cuda:0") == (4, 8, 30)
     assert shape("--device", "cuda:0", "--tree-node-budget", "12", "--spec-draft-length", "3") == (3, 8, 12)
-    from tandem.models.heads import CPU_SHAPE
-
     assert _config(tmp_path).spec_disable_batch_size == CPU_SHAPE.spec_disable_batch_size
     cfg = _config(tmp_path, "--spec-disable-batch-size", "5")
     routers = [m.stack.router for m in plan_modes(cfg, cfg.eagle_head, cfg.medusa_head) if m.stack]
