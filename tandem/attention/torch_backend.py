@@ -13,7 +13,10 @@ from tandem.kv.cache import PagedKVCache
 @dataclass(frozen=True, slots=True)
 class TorchPlan:
     query_index: torch.Tensor  # [B, max_q] int64: packed token of each padded query (pad: 0)
-    query_valid: torch.Tensor  # [B, max_q] bool
+    # [T] int64 each: the padded (row, query) of each packed token; indices, not a bool mask,
+    # whose indexing would wait on the device in every layer (a nonzero per call).
+    query_rows: torch.Tensor
+    query_cols: torch.Tensor
     key_index: torch.Tensor  # [B * n] int64: cache pages (page_size set) or slots of the padded keys
     max_k: int
     page_size: int  # 1 when key_index holds slots
@@ -49,9 +52,11 @@ class TorchAttention(AttentionBackend):
             mask = _causal_mask(q_lens, k_lens, max_q, max_k, sliding_window)
             _apply_trees(mask, slices, sliding_window)
         dev = self.device
+        query_rows, query_cols = query_valid.nonzero(as_tuple=True)  # row-major: packed order
         return TorchPlan(
             query_index=query_index.to(dev),
-            query_valid=query_valid.to(dev),
+            query_rows=query_rows.to(dev),
+            query_cols=query_cols.to(dev),
             key_index=key_index.flatten().to(dev),
             max_k=max_k,
             page_size=page_size,
@@ -67,7 +72,7 @@ class TorchAttention(AttentionBackend):
         out = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=plan.mask, scale=scale, enable_gqa=True
         )
-        return out.transpose(1, 2)[plan.query_valid]  # [T, h, d], packed order
+        return out.transpose(1, 2)[plan.query_rows, plan.query_cols]  # [T, h, d], packed order
 
 
 def _gather(layer_cache: torch.Tensor, plan: TorchPlan) -> torch.Tensor:
