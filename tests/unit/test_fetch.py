@@ -197,4 +197,4 @@ def test_from_a_local_gguf_or_wheel_checks_the_pin_and_never_downloads(tmp_path,
         work.mkdir()
         assert fetch._local_gguf(source, work, log=lambda _: None).read_bytes() == payload
     with pytest.raises(fetch.FetchError, match="no such file"):
-        fetch._local_gguf(tmp_path / "missing.whl", tmp_path, log=lambda _: None)
+        fetch_default_model(tmp_path, log=lambda _: None, source=tmp_path / "missing.whl")
