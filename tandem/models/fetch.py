@@ -237,11 +237,22 @@ def _load_tokenizer(gguf: Path, max_length: int, log: Log):
     if not tokenizer.chat_template:
         log("the GGUF carries no chat template; using SmolLM2's ChatML template")
         tokenizer.chat_template = CHATML_TEMPLATE
+    if tokenizer.eos_token_id != EOS_ID and _gguf_eos_id(gguf) == EOS_ID:
+        # some transformers versions (5.17) load the GGUF's bos as eos too; its metadata is right
+        log(f"transformers read eos as {tokenizer.eos_token!r}; the GGUF says {EOS_TOKEN!r}")
+        tokenizer.eos_token = EOS_TOKEN
     if tokenizer.eos_token != EOS_TOKEN or tokenizer.eos_token_id != EOS_ID:
         got = f"{tokenizer.eos_token!r} = {tokenizer.eos_token_id}"
         raise FetchError(f"eos is {got}, want {EOS_TOKEN!r} = {EOS_ID}")
     tokenizer.model_max_length = max_length  # the GGUF leaves it unbounded
     return tokenizer
+
+
+def _gguf_eos_id(gguf: Path) -> int | None:
+    from gguf import GGUFReader
+
+    field = GGUFReader(gguf).get_field("tokenizer.ggml.eos_token_id")
+    return None if field is None else int(field.contents())
 
 
 def _check_reload(folder: Path, model, dtype: str) -> None:

