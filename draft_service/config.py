@@ -39,6 +39,8 @@ class DraftConfig:
     proposal_top_k: int = 0
     # Medusa trees: a preset name of tandem.spec.token_tree or a JSON list of rank tuples.
     medusa_choices: str = ""
+    # On a CUDA device, small steps replay captured CUDA graphs (tandem.models.cuda_graphs).
+    cuda_graphs: bool = True
     # Prometheus /metrics over HTTP on this port, on `host` (0: off).
     metrics_port: int = 0
 

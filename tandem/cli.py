@@ -43,6 +43,8 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-sequence", type=int, default=_env("max_num_sequence", 64))
     p.add_argument("--max-context-length", type=int, default=_env("max_context_length", 0))
     p.add_argument("--threads", type=int, default=_env("threads", 0), help="torch threads (0: default)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs: every step runs eagerly (graphs are captured on CUDA devices only)")
 
 
 def _add_spec_flags(p: argparse.ArgumentParser, default: int | None = 4, help: str = "") -> None:
@@ -105,6 +107,7 @@ def target_config(args, model: Path):
         max_num_sequence=args.max_num_sequence,
         max_context_length=args.max_context_length,
         num_threads=args.threads,
+        cuda_graphs=not args.enforce_eager,
         metrics_port=args.metrics_port,
     )
 
@@ -154,6 +157,7 @@ def draft_config(args, model: Path):
         kv_cache_tokens=args.kv_cache_tokens,
         max_num_sequence=args.max_num_sequence,
         num_threads=args.threads,
+        cuda_graphs=not args.enforce_eager,
         metrics_port=args.metrics_port,
     )
 

@@ -86,6 +86,9 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
         if args.shape:
             draft += ["--shape", args.shape]
         router += ["--draft", f"{args.host}:{args.draft_port}"]
+    if args.enforce_eager:
+        target.append("--enforce-eager")
+        draft = draft and [*draft, "--enforce-eager"]
     return target, router, draft
 
 

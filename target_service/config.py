@@ -23,6 +23,8 @@ class TargetConfig:
     # How long a verify step waits for the draft's probabilities before verifying without them
     # (which accepts no sampled draft: a plain step, still lossless).
     draft_probs_timeout_s: float = 2.0
+    # On a CUDA device, small steps replay captured CUDA graphs (tandem.models.cuda_graphs).
+    cuda_graphs: bool = True
     # Prometheus /metrics over HTTP on this port, on `host` (0: off).
     metrics_port: int = 0
 

@@ -63,6 +63,21 @@ class TorchAttention(AttentionBackend):
             mask=None if mask is None else mask.to(dev),
         )
 
+    @staticmethod
+    def pad_keys(plan: TorchPlan, units: int) -> TorchPlan:
+        """The same attention with each row's keys padded to `units` pages (or slots), the pad
+        masked out: one shape for many steps (a CUDA graph's). The pad gathers page 0."""
+        batch, max_q = plan.query_index.shape
+        have = plan.key_index.numel() // batch
+        assert units >= have, (units, have)
+        key_index = F.pad(plan.key_index.view(batch, have), (0, units - have)).flatten()
+        mask = plan.mask
+        if mask is None:  # one query that sees every key
+            mask = torch.ones(batch, 1, max_q, plan.max_k, dtype=torch.bool, device=key_index.device)
+        mask = F.pad(mask, (0, (units - have) * plan.page_size), value=False)
+        return TorchPlan(plan.query_index, plan.query_rows, plan.query_cols, key_index,
+                         units * plan.page_size, plan.page_size, mask)
+
     def forward(self, layer, q, k, v, cache: PagedKVCache, slot_mapping, plan: TorchPlan, scale):
         cache.k[layer].index_copy_(0, slot_mapping, k)
         cache.v[layer].index_copy_(0, slot_mapping, v)

@@ -1,0 +1,90 @@
+"""The CUDA-graph path's static buffers and padded key plans (tandem.models.cuda_graphs), run
+eagerly on the CPU (capture=False): every step equals the plain forward and writes the same KV.
+Capturing and replaying itself needs a GPU (bench/results/gpu-*.md)."""
+
+import torch
+
+from tandem.attention.torch_backend import TorchAttention
+from tandem.kv.batching import append_batch
+from tandem.kv.cache import PagedKVCache
+from tandem.launcher import service_args
+from tandem.models.cuda_graphs import GraphedForward
+from tandem.models.loader import load_model
+from tandem.testing.tiny import build_tiny_model
+from tests.unit.test_tree_attention import tree_input
+
+CPU = torch.device("cpu")
+
+
+def new_cache(model):
+    mc = model.config
+    return PagedKVCache(num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
+                        num_pages=64, page_size=4, dtype=model.dtype)
+
+
+class Pair:
+    """The same steps through the plain forward and the graphed one, on two caches."""
+
+    def __init__(self, model, **kw):
+        self.model, self.plain, self.graphed = model, new_cache(model), new_cache(model)
+        self.forward = GraphedForward(lambda batch, embeds: model.forward(batch, self.graphed, embeds),
+                                      capture=False, **kw)
+
+    def step(self, items, trees=None):
+        for cache in (self.plain, self.graphed):
+            for seq_id, _ in items:
+                if seq_id not in cache.allocator._seqs:
+                    cache.allocator.add(seq_id)
+        batch, _ = append_batch(self.plain, self.model.backend, items, None, CPU, trees)
+        expected = self.model.forward(batch, self.plain)
+        batch, _ = append_batch(self.graphed, self.model.backend, items, None, CPU, trees)
+        got = self.forward(batch, self.model.embed(batch.input_ids))
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(self.graphed.k, self.plain.k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(self.graphed.v, self.plain.v, rtol=1e-5, atol=1e-5)
+
+
+def tiny(tmp_path):
+    return load_model(build_tiny_model(tmp_path / "tiny", seed=3), dtype=torch.float32, backend=TorchAttention())
+
+
+def test_decode_and_verify_steps_equal_the_plain_forward(tmp_path):
+    pair = Pair(tiny(tmp_path), max_tokens=8)
+    pair.step([(1, list(range(5, 18)))])  # a prefill of 13 tokens: above max_tokens, eager
+    assert not pair.forward._graphs
+    pair.step([(1, [30])])  # one query seeing every key: the plan has no mask, the pad adds one
+    pair.step([(1, [31])])
+    pair.step([(2, [7, 8, 9])])
+    pair.step([(1, [32]), (2, [10])])  # two sequences of different lengths
+    pair.step([(1, [11, 21, 22, 31, 41])], {1: tree_input((-1, 0, 0, 1, 3))})  # a tree verify
+    pair.step([(1, [33]), (2, [12, 13])])
+    keys = set(pair.forward._graphs)
+    assert (1, 1, 1, 4) in keys and (2, 2, 1, 4) in keys and (5, 1, 5, 8) in keys, keys
+
+
+def test_a_shape_seen_again_refills_its_buffers(tmp_path):
+    pair = Pair(tiny(tmp_path))
+    pair.step([(1, [5, 6, 7, 8])])
+    for token in (40, 41, 42, 43, 44):  # lengths 5..8 hold 2 pages of 4: one shape; 9 holds 3, padded to 4
+        pair.step([(1, [token])])
+    assert list(pair.forward._graphs) == [(4, 1, 4, 1), (1, 1, 1, 2), (1, 1, 1, 4)]
+
+
+def test_least_recently_used_shapes_are_dropped(tmp_path):
+    pair = Pair(tiny(tmp_path), max_graphs=2)
+    pair.step([(1, [5, 6])])
+    pair.step([(1, [7, 8, 9])])
+    pair.step([(1, [10])])
+    assert list(pair.forward._graphs) == [(3, 1, 3, 2), (1, 1, 1, 2)]
+
+
+def test_enforce_eager_reaches_both_model_services(tmp_path):
+    from tandem.cli import build_parser, draft_config, target_config
+
+    args = build_parser().parse_args(["target", "--enforce-eager"])
+    assert target_config(args, tmp_path).cuda_graphs is False
+    args = build_parser().parse_args(["draft", "--draft-model", str(tmp_path)])
+    assert draft_config(args, tmp_path).cuda_graphs is True
+    up = build_parser().parse_args(["up", "--enforce-eager", "--draft", "eagle", "--draft-model", str(tmp_path)])
+    target, _, draft = service_args(up, tmp_path)
+    assert "--enforce-eager" in target and "--enforce-eager" in draft
