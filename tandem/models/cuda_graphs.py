@@ -8,10 +8,11 @@ as one launch, as vLLM, SGLang and gpt-fast do.
 A graph fixes every shape and address. One is captured per (tokens, sequences, queries per
 sequence, key pages rounded up to a power of two): each step copies its inputs and its attention
 plan into that graph's static buffers, the plan's keys padded and the pad masked out (the same
-attention). Graphs are captured on a shape's first step (the capture runs that step; the KV it
-writes is the step's own), share one memory pool, and the least recently used is dropped past
-`max_graphs`. Larger steps (prefill chunks) run eagerly. With `capture=False` the same buffers
-and padding run eagerly: the CPU tests' way to check them against the plain forward.
+attention). A shape's first step runs eagerly (a prefill chunk's shape seldom comes again); its
+second captures the graph (the capture runs that step; the KV it writes is the step's own).
+Graphs share one memory pool; the least recently used is dropped past `max_graphs`. Steps of
+more than `max_tokens` run eagerly. With `capture=False` the same buffers and padding run
+eagerly: the CPU tests' way to check them against the plain forward.
 """
 
 import logging
@@ -46,6 +47,7 @@ class GraphedForward:
         self.max_graphs = max_graphs
         self.capture = capture
         self._graphs: OrderedDict[GraphKey, _Graph] = OrderedDict()
+        self._seen: OrderedDict[GraphKey, None] = OrderedDict()  # shapes run once, eagerly
         self._pool = None
         self.failed = False  # a capture failed: every step runs eagerly from then on
         self.captured = 0
@@ -60,6 +62,12 @@ class GraphedForward:
         key = (tokens, rows, queries, units)
         g = self._graphs.get(key)
         if g is None:
+            if key not in self._seen:
+                self._seen[key] = None
+                if len(self._seen) > 16 * self.max_graphs:
+                    self._seen.popitem(last=False)
+                return self.forward(batch, *inputs)
+            del self._seen[key]
             g = self._graphs[key] = _static(batch, inputs, units)
             if len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)

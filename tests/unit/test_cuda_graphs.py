@@ -30,6 +30,13 @@ class Pair:
         self.forward = GraphedForward(lambda batch, embeds: model.forward(batch, self.graphed, embeds),
                                       capture=False, **kw)
 
+    def twice(self, items, trees=None):
+        """Runs the step's shape twice, on two sequences of the same length: the first runs
+        eagerly, the second through the static buffers."""
+        self.step(items, trees)
+        self.step([(seq_id + 100, tokens) for seq_id, tokens in items],
+                  {seq_id + 100: tree for seq_id, tree in (trees or {}).items()})
+
     def step(self, items, trees=None):
         for cache in (self.plain, self.graphed):
             for seq_id, _ in items:
@@ -50,31 +57,36 @@ def tiny(tmp_path):
 
 def test_decode_and_verify_steps_equal_the_plain_forward(tmp_path):
     pair = Pair(tiny(tmp_path), max_tokens=8)
-    pair.step([(1, list(range(5, 18)))])  # a prefill of 13 tokens: above max_tokens, eager
-    assert not pair.forward._graphs
-    pair.step([(1, [30])])  # one query seeing every key: the plan has no mask, the pad adds one
-    pair.step([(1, [31])])
-    pair.step([(2, [7, 8, 9])])
-    pair.step([(1, [32]), (2, [10])])  # two sequences of different lengths
-    pair.step([(1, [11, 21, 22, 31, 41])], {1: tree_input((-1, 0, 0, 1, 3))})  # a tree verify
-    pair.step([(1, [33]), (2, [12, 13])])
-    keys = set(pair.forward._graphs)
-    assert (1, 1, 1, 4) in keys and (2, 2, 1, 4) in keys and (5, 1, 5, 8) in keys, keys
+    pair.twice([(1, list(range(5, 18)))])  # a prefill of 13 tokens: above max_tokens, eager
+    assert not pair.forward._graphs and not pair.forward._seen
+    pair.twice([(1, [30])])  # one query seeing every key: the plan has no mask, the pad adds one
+    pair.twice([(1, [31])])
+    pair.twice([(2, [7, 8, 9])])
+    pair.twice([(1, [32]), (2, [10])])  # two sequences of different lengths
+    pair.twice([(1, [11, 21, 22, 31, 41])], {1: tree_input((-1, 0, 0, 1, 3))})  # a tree verify
+    pair.twice([(1, [33]), (2, [12, 13])])
+    assert set(pair.forward._graphs) == {(1, 1, 1, 4), (3, 1, 3, 1), (2, 2, 1, 4), (5, 1, 5, 8), (3, 2, 2, 8)}
+
+
+def test_a_shape_seen_once_gets_no_buffers(tmp_path):
+    pair = Pair(tiny(tmp_path))
+    pair.step([(1, [5, 6, 7])])
+    assert not pair.forward._graphs and list(pair.forward._seen) == [(3, 1, 3, 1)]
 
 
 def test_a_shape_seen_again_refills_its_buffers(tmp_path):
     pair = Pair(tiny(tmp_path))
-    pair.step([(1, [5, 6, 7, 8])])
+    pair.twice([(1, [5, 6, 7, 8])])
     for token in (40, 41, 42, 43, 44):  # lengths 5..8 hold 2 pages of 4: one shape; 9 holds 3, padded to 4
-        pair.step([(1, [token])])
+        pair.twice([(1, [token])])
     assert list(pair.forward._graphs) == [(4, 1, 4, 1), (1, 1, 1, 2), (1, 1, 1, 4)]
 
 
 def test_least_recently_used_shapes_are_dropped(tmp_path):
     pair = Pair(tiny(tmp_path), max_graphs=2)
-    pair.step([(1, [5, 6])])
-    pair.step([(1, [7, 8, 9])])
-    pair.step([(1, [10])])
+    pair.twice([(1, [5, 6])])
+    pair.twice([(1, [7, 8, 9])])
+    pair.twice([(1, [10])])
     assert list(pair.forward._graphs) == [(3, 1, 3, 2), (1, 1, 1, 2)]
 
 
