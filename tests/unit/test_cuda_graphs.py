@@ -1,7 +1,8 @@
 """The CUDA-graph path's static buffers and padded key plans (tandem.models.cuda_graphs), run
 eagerly on the CPU (capture=False): every step equals the plain forward and writes the same KV.
-Capturing and replaying itself needs a GPU (bench/results/gpu-*.md)."""
+Capturing and replaying run where a GPU is (the last test; skipped here)."""
 
+import pytest
 import torch
 
 from tandem.attention.torch_backend import TorchAttention
@@ -13,22 +14,20 @@ from tandem.models.loader import load_model
 from tandem.testing.tiny import build_tiny_model
 from tests.unit.test_tree_attention import tree_input
 
-CPU = torch.device("cpu")
-
-
 def new_cache(model):
     mc = model.config
     return PagedKVCache(num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
-                        num_pages=64, page_size=4, dtype=model.dtype)
+                        num_pages=64, page_size=4, dtype=model.dtype, device=model.weights.embed.device)
 
 
 class Pair:
     """The same steps through the plain forward and the graphed one, on two caches."""
 
-    def __init__(self, model, **kw):
+    def __init__(self, model, capture=False, **kw):
         self.model, self.plain, self.graphed = model, new_cache(model), new_cache(model)
+        self.device = model.weights.embed.device
         self.forward = GraphedForward(lambda batch, embeds: model.forward(batch, self.graphed, embeds),
-                                      capture=False, **kw)
+                                      capture=capture, **kw)
 
     def twice(self, items, trees=None):
         """Runs the step's shape twice, on two sequences of the same length: the first runs
@@ -42,30 +41,35 @@ class Pair:
             for seq_id, _ in items:
                 if seq_id not in cache.allocator._seqs:
                     cache.allocator.add(seq_id)
-        batch, _ = append_batch(self.plain, self.model.backend, items, None, CPU, trees)
+        batch, _ = append_batch(self.plain, self.model.backend, items, None, self.device, trees)
         expected = self.model.forward(batch, self.plain)
-        batch, _ = append_batch(self.graphed, self.model.backend, items, None, CPU, trees)
+        batch, _ = append_batch(self.graphed, self.model.backend, items, None, self.device, trees)
         got = self.forward(batch, self.model.embed(batch.input_ids))
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(self.graphed.k, self.plain.k, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(self.graphed.v, self.plain.v, rtol=1e-5, atol=1e-5)
 
 
-def tiny(tmp_path):
-    return load_model(build_tiny_model(tmp_path / "tiny", seed=3), dtype=torch.float32, backend=TorchAttention())
+def tiny(tmp_path, device="cpu"):
+    return load_model(build_tiny_model(tmp_path / "tiny", seed=3), dtype=torch.float32,
+                      backend=TorchAttention(device), device=device)
 
 
-def test_decode_and_verify_steps_equal_the_plain_forward(tmp_path):
-    pair = Pair(tiny(tmp_path), max_tokens=8)
+def steps(pair):
     pair.twice([(1, list(range(5, 18)))])  # a prefill of 13 tokens: above max_tokens, eager
-    assert not pair.forward._graphs and not pair.forward._seen
     pair.twice([(1, [30])])  # one query seeing every key: the plan has no mask, the pad adds one
     pair.twice([(1, [31])])
     pair.twice([(2, [7, 8, 9])])
     pair.twice([(1, [32]), (2, [10])])  # two sequences of different lengths
     pair.twice([(1, [11, 21, 22, 31, 41])], {1: tree_input((-1, 0, 0, 1, 3))})  # a tree verify
     pair.twice([(1, [33]), (2, [12, 13])])
+
+
+def test_decode_and_verify_steps_equal_the_plain_forward(tmp_path):
+    pair = Pair(tiny(tmp_path), max_tokens=8)
+    steps(pair)
     assert set(pair.forward._graphs) == {(1, 1, 1, 4), (3, 1, 3, 1), (2, 2, 1, 4), (5, 1, 5, 8), (3, 2, 2, 8)}
+    assert not pair.forward._seen  # the prefill, above max_tokens, is never counted
 
 
 def test_a_shape_seen_once_gets_no_buffers(tmp_path):
@@ -100,3 +104,11 @@ def test_enforce_eager_reaches_both_model_services(tmp_path):
     up = build_parser().parse_args(["up", "--enforce-eager", "--draft", "eagle", "--draft-model", str(tmp_path)])
     target, _, draft = service_args(up, tmp_path)
     assert "--enforce-eager" in target and "--enforce-eager" in draft
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_captured_graphs_replay_the_plain_forward_on_a_gpu(tmp_path):
+    pair = Pair(tiny(tmp_path, "cuda"), capture=True, max_tokens=8)
+    steps(pair)
+    assert not pair.forward.failed and pair.forward.captured == 5
+    assert all(g.graph is not None for g in pair.forward._graphs.values())
