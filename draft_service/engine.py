@@ -58,9 +58,9 @@ class DraftEngine:
             num_pages=config.kv_cache_tokens // config.kv_page_size, page_size=config.kv_page_size,
             dtype=head.dtype, device=self.device,
         )
-        self._forward = lambda batch, tokens, feats: head.forward(tokens, feats, batch, self.cache)
+        self._head_forward = lambda batch, tokens, feats: head.forward(tokens, feats, batch, self.cache)
         if self.device.type == "cuda" and config.cuda_graphs:
-            self._forward = GraphedForward(self._forward)
+            self._head_forward = GraphedForward(self._head_forward)
         self._seqs: dict[int, _Seq] = {}
         self._reserved = 0  # pages promised to sequences earlier in this Draft call
         self._lock = threading.Lock()
@@ -277,7 +277,7 @@ class DraftEngine:
         new = [(s, t) for s, t, _ in items]
         batch, first_rows = append_batch(self.cache, self.head.backend, new, None, self.device, trees)
         feats = torch.cat([f.to(self.head.dtype) for _, _, f in items])
-        out = self._forward(batch, batch.input_ids, feats)
+        out = self._head_forward(batch, batch.input_ids, feats)
         self._tokens_run += len(feats)
         return out, first_rows
 

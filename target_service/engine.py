@@ -72,9 +72,9 @@ class TargetEngine:
             dtype=self.model.dtype,
             device=self.device,
         )
-        self._forward = lambda batch, embeds: self.model.forward(batch, self.cache, embeds)
+        self._model_forward = lambda batch, embeds: self.model.forward(batch, self.cache, embeds)
         if self.device.type == "cuda" and config.cuda_graphs:
-            self._forward = GraphedForward(self._forward)
+            self._model_forward = GraphedForward(self._model_forward)
         self.peer = TargetPeer()
         self._samplers: dict[int, SamplingState] = {}
         self._carry: dict[int, torch.Tensor] = {}  # hidden of a chunk's last position, awaiting its next token
@@ -229,7 +229,7 @@ class TargetEngine:
         phases = step_phases(entries)  # MLC's trace points: one forward pass serves them all
         for phase in phases:
             span.add_event(f"start {phase}")
-        hidden = self._forward(batch, embeds)
+        hidden = self._model_forward(batch, embeds)
         self._tokens_run += int(batch.input_ids.numel())
         scored = [e for e in entries if e.sample]
         rows = [first_rows[e.seq_id] + len(e.token_ids) - 1 - i for e in scored for i in range(e.num_draft_tokens, -1, -1)]
