@@ -61,24 +61,31 @@ class GraphedForward:
         units = 1 << (plan.key_index.numel() // rows - 1).bit_length()  # the next power of two
         key = (tokens, rows, queries, units)
         g = self._graphs.get(key)
+        if g is None and self._first_sight(key):
+            return self.forward(batch, *inputs)
+        padded = TorchAttention.pad_keys(plan, units)
         if g is None:
-            if key not in self._seen:
-                self._seen[key] = None
-                if len(self._seen) > 16 * self.max_graphs:
-                    self._seen.popitem(last=False)
-                return self.forward(batch, *inputs)
-            del self._seen[key]
-            g = self._graphs[key] = _static(batch, inputs, units)
+            g = self._graphs[key] = _static(batch, padded, inputs)
             if len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
         self._graphs.move_to_end(key)
-        _fill(g, batch, inputs, units)
+        _fill(g, batch, padded, inputs)
         if not self.capture:
             return self.forward(g.batch, *g.inputs)
         if g.graph is None and not self._capture(g, key):
             return self.forward(batch, *inputs)
         g.graph.replay()
         return g.out.clone()  # the next replay overwrites the buffer
+
+    def _first_sight(self, key: GraphKey) -> bool:
+        """True the first time a shape comes (remembered); False the second (forgotten)."""
+        if key in self._seen:
+            del self._seen[key]
+            return False
+        self._seen[key] = None
+        if len(self._seen) > 16 * self.max_graphs:
+            self._seen.popitem(last=False)
+        return True
 
     def _capture(self, g: _Graph, key: GraphKey) -> bool:
         device = g.batch.positions.device
@@ -104,8 +111,7 @@ class GraphedForward:
         return True
 
 
-def _static(batch: ForwardBatch, inputs: tuple[torch.Tensor, ...], units: int) -> _Graph:
-    plan = TorchAttention.pad_keys(batch.plan, units)
+def _static(batch: ForwardBatch, plan: TorchPlan, inputs: tuple[torch.Tensor, ...]) -> _Graph:
     static = ForwardBatch(
         input_ids=torch.empty_like(batch.input_ids),
         positions=torch.empty_like(batch.positions),
@@ -119,8 +125,8 @@ def _empty(value):
     return torch.empty_like(value) if isinstance(value, torch.Tensor) else value
 
 
-def _fill(g: _Graph, batch: ForwardBatch, inputs: tuple[torch.Tensor, ...], units: int) -> None:
-    plan = TorchAttention.pad_keys(batch.plan, units)
+def _fill(g: _Graph, batch: ForwardBatch, plan: TorchPlan, inputs: tuple[torch.Tensor, ...]) -> None:
+    """Copies a step's inputs and its padded plan into the graph's buffers."""
     g.batch.input_ids.copy_(batch.input_ids)
     g.batch.positions.copy_(batch.positions)
     g.batch.slot_mapping.copy_(batch.slot_mapping)
