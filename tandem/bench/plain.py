@@ -35,6 +35,7 @@ def add_bench_flags(p) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads for both (0: all cores)")
     p.add_argument("--device", default="cpu", help="torch device of the target and of transformers' rows (cuda:0, ...)")
     p.add_argument("--draft-device", default="", help="torch device of the draft (default: --device)")
+    p.add_argument("--enforce-eager", action="store_true", help="the services run without CUDA graphs")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--reduced", action="store_true", help="a tiny random model (and heads) and 4 prompts (for tests)")
     add_spec_flags(p)
@@ -143,7 +144,7 @@ def _report(args, model: Path, tandem: dict, hf: dict, tandem_outputs: list, hf_
         "max_tokens": args.max_tokens,
         "concurrency": c,
         "reduced": args.reduced,
-        "devices": {"target": args.device},
+        "devices": Devices.from_args(args).record(),
         "machine": machine_facts(args.threads),
         "weight_bytes_per_step": weight_bytes,
         "matvec_bandwidth_bytes_s": bandwidth,

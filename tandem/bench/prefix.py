@@ -103,6 +103,6 @@ def _report(args, model: Path, runs: dict, system: str) -> dict:
             "cached_prompt_tokens_on": on["cached_prompt_tokens_total"],
             "greedy_outputs_identical": f"{same}/{len(runs['on'])}",
         },
-        "devices": {"target": args.device},
+        "devices": devices.record(),
         "machine": machine_facts(args.threads),
     }

@@ -22,14 +22,22 @@ def free_port() -> int:
 @dataclass(frozen=True, slots=True)
 class Devices:
     """Where the benchmark's models run: the target (and transformers' rows), and the draft (a
-    second GPU, as compose.yaml places it)."""
+    second GPU, as compose.yaml places it); `eager` passes --enforce-eager to both services (no
+    CUDA graphs), to measure what the graphs give."""
 
     target: str = "cpu"
     draft: str = "cpu"
+    eager: bool = False
 
     @classmethod
     def from_args(cls, args) -> "Devices":
-        return cls(args.device, args.draft_device or args.device)
+        return cls(args.device, args.draft_device or args.device, args.enforce_eager)
+
+    def service_flags(self, device: str) -> list[str]:
+        return ["--device", device, *(["--enforce-eager"] if self.eager else [])]
+
+    def record(self) -> dict:
+        return {"target": self.target, "draft": self.draft, "cuda_graphs": not self.eager}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,14 +68,14 @@ def running_stacks(model: Path, dtype: str, threads: int, specs: list[StackSpec]
     tports = [free_port() for _ in specs]
     try:
         _start_tier(procs, [
-            (p, [*cli, "target", *common, "--port", str(p), "--threads", str(threads), "--device", devices.target,
-                 *s.target])
+            (p, [*cli, "target", *common, "--port", str(p), "--threads", str(threads),
+                 *devices.service_flags(devices.target), *s.target])
             for s, p in zip(specs, tports)
         ])
         dports = {i: free_port() for i, s in enumerate(specs) if s.draft is not None}
         _start_tier(procs, [
             (dports[i], [*cli, "draft", *common, "--port", str(dports[i]), "--threads", str(threads),
-                         "--device", devices.draft, "--target", f"127.0.0.1:{tports[i]}", *specs[i].draft])
+                         *devices.service_flags(devices.draft), "--target", f"127.0.0.1:{tports[i]}", *specs[i].draft])
             for i in dports
         ])
         rports = [free_port() for _ in specs]

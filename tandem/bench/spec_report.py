@@ -48,7 +48,7 @@ def build_report(cfg: SpecBenchConfig, model: Path, prompts: int, modes, rows: l
         "model": str(model),
         "model_name": "tiny random model" if cfg.reduced else f"{model.parent.name}/{model.name}",
         "dtype": cfg.dtype,
-        "devices": {"target": cfg.devices.target, "draft": cfg.devices.draft},
+        "devices": cfg.devices.record(),
         "prompts": prompts,
         "max_tokens": cfg.max_tokens,
         "batches": sorted({r["batch"] for r in rows}),

@@ -54,6 +54,17 @@ def test_devices_default_to_the_cpu_and_the_draft_follows_the_target(tmp_path):
     assert _config(tmp_path, "--device", "cuda:0", "--draft-device", "cuda:1").devices == Devices("cuda:0", "cuda:1")
 
 
+def test_enforce_eager_reaches_the_services_the_bench_starts(tmp_path):
+    from tandem.cli import build_parser
+
+    devices = _config(tmp_path, "--device", "cuda:0", "--enforce-eager").devices
+    assert devices == Devices("cuda:0", "cuda:0", eager=True) and devices.record()["cuda_graphs"] is False
+    for service in ("target", "draft"):  # the flags the bench appends parse as the service's own
+        args = build_parser().parse_args([service, *devices.service_flags(devices.draft)])
+        assert args.enforce_eager and args.device == "cuda:0"
+    assert "--enforce-eager" not in _config(tmp_path).devices.service_flags("cpu")
+
+
 def test_shape_flags_not_given_take_the_shape_tandem_up_gives_the_device(tmp_path):
     def shape(*flags):
         cfg = _config(tmp_path, *flags)
