@@ -37,6 +37,11 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "model", str, "target HF folder (default: SmolLM2-135M-Instruct bfloat16; --quick: a tiny model)")
     _flag(p, "out", str, "run folder (default: $TANDEM_HOME/train/<method>-default; --quick: quick-<method>)")
     _flag(p, "data_dir", str, "self-distillation shards (default: $TANDEM_HOME/train-data/<model>-<key>)")
+    p.add_argument("--extra-data", action="append", metavar="DIR",
+                   default=[d for d in (_env("extra_data") or "").split(os.pathsep) if d],
+                   help="also train on the training shards of this self-distillation folder (made for the same "
+                        "target, e.g. by a --turn 2 or --skip-prompts run); repeatable; the held-out shard "
+                        "stays --data-dir's")
     p.add_argument("--resume", action="store_true", default=_env_flag("resume"),
                    help="continue the run's last checkpoint (and its data); a run without one starts")
     _flag(p, "eval_head", str, "evaluate this head folder (e.g. a shipped head) on MT-bench and, when the data "
@@ -120,6 +125,7 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
         draft_vocab=_pick(args, "draft_vocab", mode, 0),
         medusa_heads=_pick(args, "medusa_heads", mode, 4), medusa_layers=_pick(args, "medusa_layers", mode, 1),
         medusa_lm_head=args.medusa_lm_head, eval_mtbench=_pick(args, "eval_mtbench", mode, 0),
+        extra_data=tuple(Path(d) for d in args.extra_data),
     ), home
 
 

@@ -37,6 +37,7 @@ class TrainConfig:
     save_format: str  # "safetensors" or "bin"
     quick: bool
     show_progress: bool = True
+    extra_data: tuple[Path, ...] = ()  # other self-distilled folders whose training shards join the run's
     # EAGLE
     ce_weight: float = 0.1  # EAGLE-1's p_w: loss = SmoothL1(features) + ce_weight * CE
     ttt_steps: int = 1  # draft steps unrolled in training (1: EAGLE-1 teacher forcing; >1: EAGLE-3's TTT)
@@ -60,5 +61,6 @@ class TrainConfig:
         from tandem.train.selfdistill import spec_dict
 
         out = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        out["extra_data"] = [str(d) for d in self.extra_data]
         out["data"] = spec_dict(self.data)
         return out

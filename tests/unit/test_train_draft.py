@@ -374,6 +374,38 @@ def test_init_head_trains_on_from_a_heads_weights_and_vocabulary(tiny, data_dir,
         train_quick(dataclasses.replace(on, steps=6, resume=True, init_head=None))
 
 
+def test_extra_data_trains_on_another_folders_shards_and_keeps_the_held_out_one(tiny, data_dir, tmp_path):
+    other = quick_config(tiny, tmp_path / "other", tmp_path / "other-data", "--num-prompts", "8",
+                         "--skip-prompts", "16", "--steps", "1")
+    train_quick(other)  # other data: prompts 24-31 of the quick set, in a folder of its own
+    own = quick_config(tiny, tmp_path / "own", data_dir, "--steps", "1")
+    both = quick_config(tiny, tmp_path / "both", data_dir, "--extra-data", str(other.data_dir), "--steps", "1")
+    own_data, both_data = train_quick(own)["data"], train_quick(both)["data"]
+    assert both_data["train_sequences"] == own_data["train_sequences"] + 8
+    assert both_data["extra"] == [{"dir": str(other.data_dir), "train_sequences": 8,
+                                   "source": "built-in prompts (quick mode)"}]
+    assert both_data["heldout_sequences"] == own_data["heldout_sequences"]  # still --data-dir's shard 0
+    assert json.loads((both.run_dir / "run.json").read_text())["extra_data"] == [str(other.data_dir)]
+    assert "and 8 sequences of built-in prompts" in (both.run_dir / "head" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: None, "no meta.json"),
+    (lambda d: (d / "meta.json").write_text(json.dumps({**json.loads((d.parent / "ok" / "meta.json").read_text()),
+                                                         "target_dtype": "bfloat16"})), r"differs in \['target_dtype'\]"),
+    (lambda d: (d / "meta.json").write_text((d.parent / "ok" / "meta.json").read_text()), "no complete training shard")])
+def test_extra_data_refuses_folders_it_cannot_train_on(tiny, tmp_path, make, message):
+    ok = quick_config(tiny, tmp_path / "run", tmp_path / "ok", "--num-prompts", "8", "--steps", "1")
+    train_quick(ok)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    make(bad)
+    with pytest.raises(InvalidArgument, match=message):
+        train_quick(quick_config(tiny, tmp_path / "run2", ok.data_dir, "--extra-data", str(bad), "--steps", "1"))
+    with pytest.raises(InvalidArgument, match="the run's own --data-dir"):
+        train_quick(quick_config(tiny, tmp_path / "run3", ok.data_dir, "--extra-data", str(ok.data_dir)))
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--method", "medusa"], "--method medusa"), (["--draft-vocab", "50"], "--draft-vocab"),
     (["--init-from-target"], "--init-from-target")])
