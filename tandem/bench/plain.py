@@ -144,7 +144,7 @@ def _report(args, model: Path, tandem: dict, hf: dict, tandem_outputs: list, hf_
         "max_tokens": args.max_tokens,
         "concurrency": c,
         "reduced": args.reduced,
-        "devices": Devices.from_args(args).record(),
+        "devices": Devices.from_args(args).record(with_draft=False),
         "machine": machine_facts(args.threads),
         "weight_bytes_per_step": weight_bytes,
         "matvec_bandwidth_bytes_s": bandwidth,

@@ -103,6 +103,6 @@ def _report(args, model: Path, runs: dict, system: str) -> dict:
             "cached_prompt_tokens_on": on["cached_prompt_tokens_total"],
             "greedy_outputs_identical": f"{same}/{len(runs['on'])}",
         },
-        "devices": devices.record(),
+        "devices": Devices.from_args(args).record(with_draft=False),
         "machine": machine_facts(args.threads),
     }

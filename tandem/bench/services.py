@@ -36,8 +36,12 @@ class Devices:
     def service_flags(self, device: str) -> list[str]:
         return ["--device", device, *(["--enforce-eager"] if self.eager else [])]
 
-    def record(self) -> dict:
-        return {"target": self.target, "draft": self.draft, "cuda_graphs": not self.eager}
+    def record(self, with_draft: bool = True) -> dict:
+        """What the results file says; `with_draft` False for benches that start no draft. The
+        services capture CUDA graphs only on CUDA devices, and not under --enforce-eager."""
+        where = {"target": self.target, **({"draft": self.draft} if with_draft else {})}
+        on_cuda = any(d.startswith("cuda") for d in where.values())
+        return {**where, "cuda_graphs": on_cuda and not self.eager}
 
 
 @dataclass(frozen=True, slots=True)

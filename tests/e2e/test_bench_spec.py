@@ -22,7 +22,7 @@ def test_bench_spec_reduced_writes_rows_plots_and_table(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "spec-reduced-latest.json").read_text())
     assert report["machine"]["cores"] >= 1 and report["prompts"] == PROMPTS
-    assert report["devices"] == {"target": "cpu", "draft": "cpu"} and report["machine"]["gpus"] == []
+    assert report["devices"] == {"target": "cpu", "draft": "cpu", "cuda_graphs": False} and report["machine"]["gpus"] == []
     rows = {(r["mode"], r["temperature"], r["batch"]): r for r in report["rows"]}
     assert set(rows) == {(m, t, b) for m in MODES for t in (0.0, 1.0) for b in (1, 2)}
     for key, r in rows.items():

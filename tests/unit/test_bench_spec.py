@@ -65,6 +65,11 @@ def test_enforce_eager_reaches_the_services_the_bench_starts(tmp_path):
     assert "--enforce-eager" not in _config(tmp_path).devices.service_flags("cpu")
 
 
+def test_results_record_cuda_graphs_only_where_the_services_capture_them():
+    assert Devices("cuda:0", "cuda:1").record() == {"target": "cuda:0", "draft": "cuda:1", "cuda_graphs": True}
+    assert Devices().record(with_draft=False) == {"target": "cpu", "cuda_graphs": False}
+
+
 def test_shape_flags_not_given_take_the_shape_tandem_up_gives_the_device(tmp_path):
     def shape(*flags):
         cfg = _config(tmp_path, *flags)
