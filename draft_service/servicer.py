@@ -33,7 +33,7 @@ class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
     def Draft(self, request, context):
         request = codec.draft_request_from_pb(request)
         # An ops-only call the router did not trace is no trace of its own.
-        with ending(server_span(self.tracing, DRAFT_SPAN, context, root_ok=bool(request.seqs))) as span:
+        with ending(server_span(self.tracing, DRAFT_SPAN, context.invocation_metadata() or (), root_ok=bool(request.seqs))) as span:
             describe_draft(span, request)
             result = self._compute.submit(self.engine.draft, request, span).result()
             describe_draft(span, request, result)

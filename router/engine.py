@@ -22,6 +22,7 @@ from router.figures import RouterFigures
 from router.request import GenerationSpec, Request, new_request
 from router.scheduler import Scheduler, StepPlan
 from router.speculation import Speculator
+from router.target_steps import TargetSteps
 from router.tokenizer import Tokenizer
 from router.tracing import NO_STEP, RouterTracing
 from tandem import codec
@@ -63,6 +64,7 @@ class RouterEngine:
         self.tracing = RouterTracing(tracing or Tracing.off(), info.model)
         self.tokenizer = tokenizer
         self.target = target
+        self._steps = TargetSteps(target, config.step_timeout_s)
         self.info = info
         self.limits = resolve_limits(config, info, draft_max_num_sequence if speculator else None,
                                      speculator.max_draft_tokens if speculator else 0)
@@ -87,6 +89,7 @@ class RouterEngine:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        self._steps.close()
 
     def submit(self, spec: GenerationSpec, span: Span = INVALID_SPAN, arrived: float | None = None) -> Request:
         """`span`: the request's span (router.tracing), ended by the caller. `arrived`: when the
@@ -170,12 +173,10 @@ class RouterEngine:
     async def _step(self, plan: StepPlan, draft_step: int = 0, trace=NO_STEP):
         request = StepRequest(step_id=next(self._step_ids), ops=plan.ops, entries=plan.entries, draft_step_id=draft_step)
         started = time.perf_counter()
-        try:
-            with trace.target_call(request) as metadata:
-                response = await self.target.Step(codec.step_request_to_pb(request), timeout=self.config.step_timeout_s,
-                                                  metadata=metadata)
-        except grpc.aio.AioRpcError as e:
-            raise _as_error(e) from e
+        message = codec.step_request_to_pb(request)
+        with trace.target_call(request) as metadata:
+            message.trace_context.update(metadata or ())
+            response = await self._steps.step(message)
         result = codec.step_result_from_pb(response)
         seconds = time.perf_counter() - started
         self.counters.steps_total += 1
@@ -273,9 +274,4 @@ def _count_depths(seq, accepted: int) -> None:
         seq.accepted_by_depth[i] += 1
 
 
-def _as_error(e: grpc.aio.AioRpcError) -> TandemError:
-    code = e.code()
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-        return Unavailable(f"target service unavailable: {e.details()}")
-    return TandemError(f"target service failed a step: {code.name}: {e.details()}")
 

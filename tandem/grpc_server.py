@@ -30,6 +30,16 @@ def status_of(error: TandemError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, error.code, grpc.StatusCode.INTERNAL)
 
 
+def message_status(error: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status a failed message of a bidirectional stream answers with, where the stream
+    goes on: a typed error's own; anything else is a bug, logged with its traceback (a unary
+    call would end UNKNOWN with the same text)."""
+    if isinstance(error, TandemError):
+        return status_of(error), str(error)
+    log.error("unexpected error in a stream's message", exc_info=error)
+    return grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}"
+
+
 def _wrap_sync(behavior: Callable, streaming: bool) -> Callable:
     def unary(request, context):
         try:

@@ -10,6 +10,7 @@ import torch
 
 from tandem import codec
 from tandem.errors import InvalidArgument
+from tandem.grpc_server import message_status
 from tandem.peer import DraftProbs, HiddenStep, TargetPeer, one_torch_thread
 from tandem.telemetry.tracing import Tracing, ending, server_span
 from tandem.v1 import engine_pb2, engine_pb2_grpc
@@ -27,9 +28,23 @@ class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
         return codec.info_to_pb(self.engine.info())
 
     def Step(self, request, context):
+        return self._step(request, context.invocation_metadata() or ())
+
+    def Steps(self, request_iterator, context):
+        """The router's steps on one stream: a failed step answers with its error, and the
+        stream goes on as a caller of Step would."""
+        for message in request_iterator:
+            try:
+                yield self._step(message, message.trace_context.items())
+            except Exception as e:
+                code, text = message_status(e)
+                yield engine_pb2.StepResponse(step_id=message.step_id,
+                                              error=engine_pb2.StepError(code=code.value[0], message=text))
+
+    def _step(self, request, trace_headers) -> engine_pb2.StepResponse:
         step = codec.step_request_from_pb(request)
         # A step the router did not trace is a root span only if it runs something.
-        with ending(server_span(self.tracing, STEP_SPAN, context, root_ok=bool(step.entries))) as span:
+        with ending(server_span(self.tracing, STEP_SPAN, trace_headers, root_ok=bool(step.entries))) as span:
             describe_step(span, step)
             result = self._compute.submit(self.engine.step, step, span).result()
             describe_step(span, step, result)

@@ -93,6 +93,21 @@ def running_stacks(model: Path, dtype: str, threads: int, specs: list[StackSpec]
         _stop(procs)
 
 
+@contextlib.contextmanager
+def running_target(model: Path, dtype: str, threads: int, devices: Devices = Devices()):
+    """A target process alone; yields its address."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "tandem.cli", "--log-level", "WARNING", "target", "--model", str(model),
+           "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads),
+           *devices.service_flags(devices.target)]
+    procs: list[subprocess.Popen] = []
+    try:
+        _start_tier(procs, [(port, cmd)])
+        yield f"127.0.0.1:{port}"
+    finally:
+        _stop(procs)
+
+
 def _start_tier(procs: list[subprocess.Popen], tier: list[tuple[int, list[str]]]) -> None:
     # No Prometheus endpoints: several stacks on one machine would collide on their fixed ports.
     env = {**os.environ, "TANDEM_METRICS_PORT": "0"}

@@ -125,13 +125,14 @@ def context_from(pairs: Iterable[tuple[str, str]]) -> Context | None:
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
-def server_span(tracing: Tracing, name: str, grpc_context, root_ok: bool = True) -> Span:
-    """A SERVER span for one RPC, the child of the caller's span (from the metadata). With no
-    caller context, a root span only if `root_ok`: work the caller did not trace (ops-only
-    steps) would otherwise show up as lone one-span traces."""
+def server_span(tracing: Tracing, name: str, headers: Iterable[tuple[str, str]], root_ok: bool = True) -> Span:
+    """A SERVER span for one RPC (or one message of a stream), the child of the caller's span
+    (from `headers`: the call's metadata or the message's trace context). With no caller
+    context, a root span only if `root_ok`: work the caller did not trace (ops-only steps)
+    would otherwise show up as lone one-span traces."""
     if not tracing.enabled:
         return INVALID_SPAN
-    parent = context_from(grpc_context.invocation_metadata() or ())
+    parent = context_from(headers)
     if parent is None and not root_ok:
         return INVALID_SPAN
     service, method = name.rsplit("/", 1)

@@ -267,16 +267,25 @@ class StepEntry(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., kind: _Optional[_Union[StepEntry.Kind, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., sample: _Optional[bool] = ..., num_draft_tokens: _Optional[int] = ..., emit_hidden: _Optional[bool] = ..., tree_parents: _Optional[_Iterable[int]] = ..., sampled_tree: _Optional[bool] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("step_id", "ops", "entries", "draft_step_id")
+    __slots__ = ("step_id", "ops", "entries", "draft_step_id", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     ops: _containers.RepeatedCompositeFieldContainer[SequenceOp]
     entries: _containers.RepeatedCompositeFieldContainer[StepEntry]
     draft_step_id: int
-    def __init__(self, step_id: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[SequenceOp, _Mapping]]] = ..., entries: _Optional[_Iterable[_Union[StepEntry, _Mapping]]] = ..., draft_step_id: _Optional[int] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, step_id: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[SequenceOp, _Mapping]]] = ..., entries: _Optional[_Iterable[_Union[StepEntry, _Mapping]]] = ..., draft_step_id: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SampledTop(_message.Message):
     __slots__ = ("token_id", "logprob")
@@ -307,16 +316,26 @@ class EntryResult(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., tokens: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., num_accepted: _Optional[int] = ...) -> None: ...
 
 class StepResponse(_message.Message):
-    __slots__ = ("step_id", "results", "kv_pages_free", "compute_ms")
+    __slots__ = ("step_id", "results", "kv_pages_free", "compute_ms", "error")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     KV_PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     results: _containers.RepeatedCompositeFieldContainer[EntryResult]
     kv_pages_free: int
     compute_ms: float
-    def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[EntryResult, _Mapping]]] = ..., kv_pages_free: _Optional[int] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+    error: StepError
+    def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[EntryResult, _Mapping]]] = ..., kv_pages_free: _Optional[int] = ..., compute_ms: _Optional[float] = ..., error: _Optional[_Union[StepError, _Mapping]] = ...) -> None: ...
+
+class StepError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class EngineStatsRequest(_message.Message):
     __slots__ = ()

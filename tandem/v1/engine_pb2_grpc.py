@@ -44,6 +44,11 @@ class TargetEngineStub:
                 request_serializer=tandem_dot_v1_dot_engine__pb2.StepRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_engine__pb2.StepResponse.FromString,
                 _registered_method=True)
+        self.Steps = channel.stream_stream(
+                '/tandem.v1.TargetEngine/Steps',
+                request_serializer=tandem_dot_v1_dot_engine__pb2.StepRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_engine__pb2.StepResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/tandem.v1.TargetEngine/Stats',
                 request_serializer=tandem_dot_v1_dot_engine__pb2.EngineStatsRequest.SerializeToString,
@@ -72,6 +77,16 @@ class TargetEngineServicer:
 
     def Step(self, request, context):
         """One batched forward pass: sequence ops first, then every entry's tokens appended and run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Steps(self, request_iterator, context):
+        """The same steps on one long-lived stream, as the router sends them: one response per
+        request, in order, without a call's set-up each step. A step that fails answers with
+        `error` set (what Step would have returned as its status) and the stream goes on. Each
+        request carries its caller's trace context in `trace_context` (W3C headers).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -108,6 +123,11 @@ def add_TargetEngineServicer_to_server(servicer, server):
             ),
             'Step': grpc.unary_unary_rpc_method_handler(
                     servicer.Step,
+                    request_deserializer=tandem_dot_v1_dot_engine__pb2.StepRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_engine__pb2.StepResponse.SerializeToString,
+            ),
+            'Steps': grpc.stream_stream_rpc_method_handler(
+                    servicer.Steps,
                     request_deserializer=tandem_dot_v1_dot_engine__pb2.StepRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_engine__pb2.StepResponse.SerializeToString,
             ),
@@ -179,6 +199,33 @@ class TargetEngine:
             request,
             target,
             '/tandem.v1.TargetEngine/Step',
+            tandem_dot_v1_dot_engine__pb2.StepRequest.SerializeToString,
+            tandem_dot_v1_dot_engine__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Steps(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tandem.v1.TargetEngine/Steps',
             tandem_dot_v1_dot_engine__pb2.StepRequest.SerializeToString,
             tandem_dot_v1_dot_engine__pb2.StepResponse.FromString,
             options,

@@ -143,3 +143,17 @@ def test_up_with_a_medusa_tree_draft(tiny_model, tmp_path):
         up.send_signal(signal.SIGTERM)
         code = up.wait(timeout=60)
     assert code == 0
+
+
+def test_rpc_bench_reduced_measures_both_transports(tmp_path):
+    out = tandem_cli("bench", "--mode", "rpc", "--reduced", "--out", str(tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    report = json.loads((tmp_path / "rpc-reduced-latest.json").read_text())
+    cells = report["cells"]
+    assert set(cells) == {f"{t}/{k}" for t in ("unary", "stream") for k in ("ops_only", "decode")}
+    assert cells["unary/ops_only"]["steps"] == cells["stream/ops_only"]["steps"] == 32
+    assert cells["unary/decode"]["steps"] == cells["stream/decode"]["steps"] == 16
+    assert all(c["wall_ms_median"] > 0 for c in cells.values())
+    assert report["summary"]["decode"]["stream_over_unary"] > 0 and report["devices"]["target"] == "cpu"

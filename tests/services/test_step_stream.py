@@ -1,0 +1,82 @@
+"""The router's steps travel on the target's Steps stream: a failed step answers in the stream and
+the stream goes on; a failed or stalled step fails the running requests, never the router."""
+
+import time
+
+import grpc
+import pytest
+
+from tandem.v1 import engine_pb2 as epb
+from tandem.v1 import engine_pb2_grpc
+from tandem.v1 import generate_pb2 as pb
+from tests.services.harness import generate, start_services
+
+GREEDY = pb.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+def test_a_failed_step_answers_with_its_status_and_the_stream_goes_on(services):
+    sampler = epb.SamplerConfig(top_p=1.0, repetition_penalty=1.0)
+    steps = [
+        epb.StepRequest(step_id=10**9 + 1, entries=[epb.StepEntry(seq_id=987654, token_ids=[1], sample=True)]),
+        epb.StepRequest(step_id=10**9 + 2, ops=[epb.SequenceOp(add=epb.AddSequence(seq_id=777001, sampler=sampler))]),
+        epb.StepRequest(step_id=10**9 + 3, ops=[epb.SequenceOp()]),
+        epb.StepRequest(step_id=10**9 + 4, ops=[epb.SequenceOp(remove=epb.RemoveSequence(seq_id=777001))]),
+    ]
+    with grpc.insecure_channel(f"127.0.0.1:{services.target_port}") as ch:
+        answers = list(engine_pb2_grpc.TargetEngineStub(ch).Steps(iter(steps), timeout=30))
+    assert [a.step_id for a in answers] == [s.step_id for s in steps]  # one answer each, in order
+    unknown, added, no_op, removed = answers
+    assert unknown.error.code == grpc.StatusCode.NOT_FOUND.value[0] and "987654" in unknown.error.message
+    assert no_op.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and no_op.error.message
+    assert not added.HasField("error") and not removed.HasField("error")
+    assert generate(services.stub, prompt="hi", params=GREEDY)[0]
+
+
+@pytest.fixture
+def own_services(tiny_model):
+    s = start_services(tiny_model, router={"step_timeout_s": 2.0})
+    yield s
+    s.stop()
+
+
+def _once(step, before=lambda: None, after=lambda: None):
+    """The engine's step with `before` / `after` run around its first step that runs a model."""
+    seen = []
+
+    def wrapped(request, *rest):
+        first = bool(request.entries) and not seen
+        seen.append(request.step_id)
+        if first:
+            before()
+        result = step(request, *rest)
+        if first:
+            after()
+        return result
+
+    return wrapped
+
+
+def test_a_step_the_target_fails_fails_its_requests_and_the_next_request_is_served(own_services):
+    s = own_services
+    expected = generate(s.stub, prompt="hello", params=GREEDY)[0]
+    s.target_engine.step = _once(s.target_engine.step, before=lambda: 1 / 0)
+    with pytest.raises(grpc.RpcError) as info:
+        generate(s.stub, prompt="hello", params=GREEDY)
+    assert "target service failed a step: INTERNAL: ZeroDivisionError" in info.value.details()
+    assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
+    assert s.router_engine.counters.step_errors_total == 1
+    stats = s.wait_idle()
+    assert stats.sequences_live == 0 and stats.kv_pages_free == stats.kv_pages_total
+
+
+def test_a_stalled_step_is_unavailable_and_a_fresh_stream_serves_the_next_request(own_services):
+    s = own_services
+    expected = generate(s.stub, prompt="hello", params=GREEDY)[0]
+    s.target_engine.step = _once(s.target_engine.step, after=lambda: time.sleep(3.0))  # > step_timeout_s
+    with pytest.raises(grpc.RpcError) as info:
+        generate(s.stub, prompt="hello", params=GREEDY)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "no answer to step" in info.value.details()
+    # The stalled step's late answer went with the closed stream: it cannot pass for another's.
+    assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
+    stats = s.wait_idle()
+    assert stats.sequences_live == 0 and stats.kv_pages_free == stats.kv_pages_total
