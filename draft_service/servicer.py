@@ -4,6 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from draft_service.tracing import DRAFT_SPAN, describe_draft
 from tandem import codec
+from tandem.grpc_server import message_status
 from tandem.telemetry.tracing import Tracing, ending, server_span
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
@@ -31,9 +32,23 @@ class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
         )
 
     def Draft(self, request, context):
-        request = codec.draft_request_from_pb(request)
+        return self._draft(request, context.invocation_metadata() or ())
+
+    def Drafts(self, request_iterator, context):
+        """The router's calls on one stream: a failed one answers with its error, and the
+        stream goes on."""
+        for message in request_iterator:
+            try:
+                yield self._draft(message, message.trace_context.items())
+            except Exception as e:
+                code, text = message_status(e)
+                yield engine_pb2.DraftResponse(draft_step_id=message.draft_step_id,
+                                               error=engine_pb2.StepError(code=code.value[0], message=text))
+
+    def _draft(self, message, trace_headers) -> engine_pb2.DraftResponse:
+        request = codec.draft_request_from_pb(message)
         # An ops-only call the router did not trace is no trace of its own.
-        with ending(server_span(self.tracing, DRAFT_SPAN, context.invocation_metadata() or (), root_ok=bool(request.seqs))) as span:
+        with ending(server_span(self.tracing, DRAFT_SPAN, trace_headers, root_ok=bool(request.seqs))) as span:
             describe_draft(span, request)
             result = self._compute.submit(self.engine.draft, request, span).result()
             describe_draft(span, request, result)

@@ -22,7 +22,7 @@ from router.figures import RouterFigures
 from router.request import GenerationSpec, Request, new_request
 from router.scheduler import Scheduler, StepPlan
 from router.speculation import Speculator
-from router.target_steps import TargetSteps
+from router.call_stream import CallStream
 from router.tokenizer import Tokenizer
 from router.tracing import NO_STEP, RouterTracing
 from tandem import codec
@@ -64,7 +64,7 @@ class RouterEngine:
         self.tracing = RouterTracing(tracing or Tracing.off(), info.model)
         self.tokenizer = tokenizer
         self.target = target
-        self._steps = TargetSteps(target, config.step_timeout_s)
+        self._steps = CallStream(target.Steps, config.step_timeout_s, "target service", "step_id")
         self.info = info
         self.limits = resolve_limits(config, info, draft_max_num_sequence if speculator else None,
                                      speculator.max_draft_tokens if speculator else 0)
@@ -90,6 +90,8 @@ class RouterEngine:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self._steps.close()
+        if self.speculator:
+            self.speculator.close()
 
     def submit(self, spec: GenerationSpec, span: Span = INVALID_SPAN, arrived: float | None = None) -> Request:
         """`span`: the request's span (router.tracing), ended by the caller. `arrived`: when the
@@ -176,7 +178,7 @@ class RouterEngine:
         message = codec.step_request_to_pb(request)
         with trace.target_call(request) as metadata:
             message.trace_context.update(metadata or ())
-            response = await self._steps.step(message)
+            response = await self._steps.call(message)
         result = codec.step_result_from_pb(response)
         seconds = time.perf_counter() - started
         self.counters.steps_total += 1

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from router.call_stream import CallStream
 from router.drafts import fit_draft
 from router.request import Sequence as RequestSeq
 from router.scheduler import StepPlan
 from tandem import codec
+from tandem.errors import TandemError
 from tandem.ops import DraftRequest, DraftSeq, EntryKind, SequenceOp
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
@@ -84,6 +86,7 @@ class Speculator:
         self._ops: list[SequenceOp] = []
         self._draft_ids = itertools.count(1)
         self._probe: asyncio.Task | None = None
+        self._drafts = CallStream(lambda: self.stub.Drafts(), timeout_s, "draft service", "draft_step_id")
 
     async def connect(self, timeout_s: float) -> None:
         """Waits for the draft (it may still be loading) and drops sequences a previous router
@@ -139,11 +142,13 @@ class Speculator:
         )
         self._ops = []
         started = time.perf_counter()
+        message = codec.draft_request_to_pb(request)
         try:
             with trace.draft_call() if trace else contextlib.nullcontext() as metadata:
-                response = await self.stub.Draft(codec.draft_request_to_pb(request), timeout=self.timeout_s, metadata=metadata)
-        except grpc.aio.AioRpcError as e:
-            self._down(f"{e.code().name}: {e.details()}")
+                message.trace_context.update(metadata or ())
+                response = await self._drafts.call(message)
+        except TandemError as e:
+            self._down(str(e))
             return plan, 0, []
         result = codec.draft_result_from_pb(response)
         self.stats.draft_ms += (time.perf_counter() - started) * 1e3
@@ -165,6 +170,10 @@ class Speculator:
         )
         return dataclasses.replace(plan, entries=entries), request.draft_step_id, unserved
 
+    def close(self) -> None:
+        """Ends the draft stream (the router stops)."""
+        self._drafts.close()
+
     @staticmethod
     def _room(seq: RequestSeq) -> int:
         """Drafts worth verifying: no more than the tokens the request may still emit, minus one."""
@@ -172,6 +181,7 @@ class Speculator:
 
     def _down(self, why: str) -> None:
         log.warning("draft service failed (%s): serving without speculation until it is healthy", why)
+        self._drafts.close()
         self.healthy = False
         self.stats.draft_failures += 1
         self._ops = []

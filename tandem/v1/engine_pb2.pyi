@@ -100,16 +100,25 @@ class DraftSeq(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class DraftRequest(_message.Message):
-    __slots__ = ("draft_step_id", "after_target_step", "ops", "seqs")
+    __slots__ = ("draft_step_id", "after_target_step", "ops", "seqs", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_TARGET_STEP_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     draft_step_id: int
     after_target_step: int
     ops: _containers.RepeatedCompositeFieldContainer[SequenceOp]
     seqs: _containers.RepeatedCompositeFieldContainer[DraftSeq]
-    def __init__(self, draft_step_id: _Optional[int] = ..., after_target_step: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[SequenceOp, _Mapping]]] = ..., seqs: _Optional[_Iterable[_Union[DraftSeq, _Mapping]]] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, draft_step_id: _Optional[int] = ..., after_target_step: _Optional[int] = ..., ops: _Optional[_Iterable[_Union[SequenceOp, _Mapping]]] = ..., seqs: _Optional[_Iterable[_Union[DraftSeq, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class DraftTokens(_message.Message):
     __slots__ = ("seq_id", "token_ids", "parents", "sampled_tree")
@@ -124,14 +133,16 @@ class DraftTokens(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., parents: _Optional[_Iterable[int]] = ..., sampled_tree: _Optional[bool] = ...) -> None: ...
 
 class DraftResponse(_message.Message):
-    __slots__ = ("draft_step_id", "seqs", "compute_ms")
+    __slots__ = ("draft_step_id", "seqs", "compute_ms", "error")
     DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     draft_step_id: int
     seqs: _containers.RepeatedCompositeFieldContainer[DraftTokens]
     compute_ms: float
-    def __init__(self, draft_step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[DraftTokens, _Mapping]]] = ..., compute_ms: _Optional[float] = ...) -> None: ...
+    error: StepError
+    def __init__(self, draft_step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[DraftTokens, _Mapping]]] = ..., compute_ms: _Optional[float] = ..., error: _Optional[_Union[StepError, _Mapping]] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

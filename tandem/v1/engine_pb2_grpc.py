@@ -339,6 +339,11 @@ class DraftEngineStub:
                 request_serializer=tandem_dot_v1_dot_engine__pb2.DraftRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_engine__pb2.DraftResponse.FromString,
                 _registered_method=True)
+        self.Drafts = channel.stream_stream(
+                '/tandem.v1.DraftEngine/Drafts',
+                request_serializer=tandem_dot_v1_dot_engine__pb2.DraftRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_engine__pb2.DraftResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/tandem.v1.DraftEngine/Stats',
                 request_serializer=tandem_dot_v1_dot_engine__pb2.EngineStatsRequest.SerializeToString,
@@ -368,6 +373,14 @@ class DraftEngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drafts(self, request_iterator, context):
+        """The same calls on one long-lived stream, as the router sends them (see TargetEngine.Steps):
+        one response per request, in order; a failed one answers with `error` set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -390,6 +403,11 @@ def add_DraftEngineServicer_to_server(servicer, server):
             ),
             'Draft': grpc.unary_unary_rpc_method_handler(
                     servicer.Draft,
+                    request_deserializer=tandem_dot_v1_dot_engine__pb2.DraftRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_engine__pb2.DraftResponse.SerializeToString,
+            ),
+            'Drafts': grpc.stream_stream_rpc_method_handler(
+                    servicer.Drafts,
                     request_deserializer=tandem_dot_v1_dot_engine__pb2.DraftRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_engine__pb2.DraftResponse.SerializeToString,
             ),
@@ -456,6 +474,33 @@ class DraftEngine:
             request,
             target,
             '/tandem.v1.DraftEngine/Draft',
+            tandem_dot_v1_dot_engine__pb2.DraftRequest.SerializeToString,
+            tandem_dot_v1_dot_engine__pb2.DraftResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drafts(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tandem.v1.DraftEngine/Drafts',
             tandem_dot_v1_dot_engine__pb2.DraftRequest.SerializeToString,
             tandem_dot_v1_dot_engine__pb2.DraftResponse.FromString,
             options,

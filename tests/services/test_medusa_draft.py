@@ -91,7 +91,7 @@ def fitted_heads(tiny_model, reference, tmp_path_factory):
 
 
 class DraftRecorder:
-    """Stands in for the router's draft stub and keeps every Draft response off the wire."""
+    """Stands in for the router's draft stub and keeps every draft response off the wire."""
 
     def __init__(self, stub):
         self._stub = stub
@@ -100,9 +100,21 @@ class DraftRecorder:
     def __getattr__(self, name):
         return getattr(self._stub, name)
 
-    async def Draft(self, request, **kwargs):
-        response = await self._stub.Draft(request, **kwargs)
-        self.responses.append(response)
+    def Drafts(self, *args, **kwargs):  # the router's stream of draft calls
+        return _RecordingCall(self._stub.Drafts(*args, **kwargs), self.responses)
+
+
+class _RecordingCall:
+    def __init__(self, call, responses: list):
+        self._call, self._responses = call, responses
+
+    def __getattr__(self, name):
+        return getattr(self._call, name)
+
+    async def read(self):
+        response = await self._call.read()
+        if response is not grpc.aio.EOF:
+            self._responses.append(response)
         return response
 
 

@@ -1,11 +1,13 @@
-"""The router's steps travel on the target's Steps stream: a failed step answers in the stream and
-the stream goes on; a failed or stalled step fails the running requests, never the router."""
+"""The router's calls travel on the services' streams (Steps, Drafts): a failed call answers in the
+stream and the stream goes on; a failed or stalled step fails the running requests, never the
+router; a failed draft call serves plain until the draft is healthy again."""
 
 import time
 
 import grpc
 import pytest
 
+from tandem.models.eagle_io import random_eagle_checkpoint
 from tandem.v1 import engine_pb2 as epb
 from tandem.v1 import engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
@@ -40,12 +42,13 @@ def own_services(tiny_model):
 
 
 def _once(step, before=lambda: None, after=lambda: None):
-    """The engine's step with `before` / `after` run around its first step that runs a model."""
+    """An engine call with `before` / `after` run around its first one that runs a model."""
     seen = []
 
     def wrapped(request, *rest):
-        first = bool(request.entries) and not seen
-        seen.append(request.step_id)
+        first = bool(getattr(request, "entries", None) or getattr(request, "seqs", None)) and not seen
+        if first:
+            seen.append(request)
         if first:
             before()
         result = step(request, *rest)
@@ -62,7 +65,7 @@ def test_a_step_the_target_fails_fails_its_requests_and_the_next_request_is_serv
     s.target_engine.step = _once(s.target_engine.step, before=lambda: 1 / 0)
     with pytest.raises(grpc.RpcError) as info:
         generate(s.stub, prompt="hello", params=GREEDY)
-    assert "target service failed a step: INTERNAL: ZeroDivisionError" in info.value.details()
+    assert "target service failed a call: INTERNAL: ZeroDivisionError" in info.value.details()
     assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
     assert s.router_engine.counters.step_errors_total == 1
     stats = s.wait_idle()
@@ -75,8 +78,26 @@ def test_a_stalled_step_is_unavailable_and_a_fresh_stream_serves_the_next_reques
     s.target_engine.step = _once(s.target_engine.step, after=lambda: time.sleep(3.0))  # > step_timeout_s
     with pytest.raises(grpc.RpcError) as info:
         generate(s.stub, prompt="hello", params=GREEDY)
-    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "no answer to step" in info.value.details()
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "no answer to step_id" in info.value.details()
     # The stalled step's late answer went with the closed stream: it cannot pass for another's.
     assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
     stats = s.wait_idle()
     assert stats.sequences_live == 0 and stats.kv_pages_free == stats.kv_pages_total
+
+
+def test_a_draft_call_the_draft_fails_serves_plain_and_drafting_comes_back(tiny_model, tmp_path):
+    head = random_eagle_checkpoint(tmp_path / "head", tiny_model, seed=3)
+    s = start_services(tiny_model, draft_model=head)
+    try:
+        expected = generate(s.stub, prompt="hello", params=GREEDY)[0]
+        speculator = s.router_engine.speculator
+        s.draft_engine.draft = _once(s.draft_engine.draft, before=lambda: 1 / 0)
+        assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected  # served plain
+        assert speculator.stats.draft_failures == 1 and s.router_engine.counters.step_errors_total == 0
+        deadline = time.monotonic() + 30
+        while not speculator.healthy and time.monotonic() < deadline:  # its health probe resets it
+            time.sleep(0.1)
+        ids, _, _, last = generate(s.stub, prompt="hello", params=GREEDY)
+        assert ids == expected and last.usage.draft_tokens > 0  # a fresh stream
+    finally:
+        s.stop()
