@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from draft_service.tracing import DRAFT_SPAN, describe_draft
 from tandem import codec
-from tandem.grpc_server import message_status
+from tandem.grpc_server import answer_each
 from tandem.telemetry.tracing import Tracing, ending, server_span
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
@@ -37,13 +37,8 @@ class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
     def Drafts(self, request_iterator, context):
         """The router's calls on one stream: a failed one answers with its error, and the
         stream goes on."""
-        for message in request_iterator:
-            try:
-                yield self._draft(message, message.trace_context.items())
-            except Exception as e:
-                code, text = message_status(e)
-                yield engine_pb2.DraftResponse(draft_step_id=message.draft_step_id,
-                                               error=engine_pb2.StepError(code=code.value[0], message=text))
+        return answer_each(request_iterator, lambda m: self._draft(m, m.trace_context.items()),
+                           lambda m, error: engine_pb2.DraftResponse(draft_step_id=m.draft_step_id, error=error))
 
     def _draft(self, message, trace_headers) -> engine_pb2.DraftResponse:
         request = codec.draft_request_from_pb(message)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import grpc
 from opentelemetry.trace import INVALID_SPAN, Span
 
+from router.call_stream import CallStream
 from router.config import RouterConfig
 from router.limits import resolve_limits
 from router.output import OutputProcessor
@@ -22,7 +23,6 @@ from router.figures import RouterFigures
 from router.request import GenerationSpec, Request, new_request
 from router.scheduler import Scheduler, StepPlan
 from router.speculation import Speculator
-from router.call_stream import CallStream
 from router.tokenizer import Tokenizer
 from router.tracing import NO_STEP, RouterTracing
 from tandem import codec
@@ -274,6 +274,3 @@ def _count_depths(seq, accepted: int) -> None:
         seq.accepted_by_depth.append(0)
     for i in range(accepted):
         seq.accepted_by_depth[i] += 1
-
-
-

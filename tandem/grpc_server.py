@@ -4,7 +4,7 @@ typed errors to status codes, health, reflection and graceful shutdown."""
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import grpc
 from grpc_health.v1 import _async as health_aio
@@ -12,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tandem.errors import TandemError
+from tandem.v1 import engine_pb2
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +31,20 @@ def status_of(error: TandemError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, error.code, grpc.StatusCode.INTERNAL)
 
 
-def message_status(error: Exception) -> tuple[grpc.StatusCode, str]:
-    """The status a failed message of a bidirectional stream answers with, where the stream
-    goes on: a typed error's own; anything else is a bug, logged with its traceback (a unary
-    call would end UNKNOWN with the same text)."""
-    if isinstance(error, TandemError):
-        return status_of(error), str(error)
-    log.error("unexpected error in a stream's message", exc_info=error)
-    return grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}"
+def answer_each(request_iterator, answer: Callable, failed: Callable) -> Iterator:
+    """A stream of calls (TargetEngine.Steps, DraftEngine.Drafts): `answer(message)` for each
+    message, in order; one that raises is answered `failed(message, StepError)` and the stream
+    goes on. A typed error keeps its status; anything else is a bug, logged with its traceback
+    (a unary call would end UNKNOWN with the same text)."""
+    for message in request_iterator:
+        try:
+            yield answer(message)
+        except TandemError as e:
+            yield failed(message, engine_pb2.StepError(code=status_of(e).value[0], message=str(e)))
+        except Exception as e:
+            log.error("unexpected error answering a stream's message", exc_info=e)
+            text = f"{type(e).__name__}: {e}"
+            yield failed(message, engine_pb2.StepError(code=grpc.StatusCode.INTERNAL.value[0], message=text))
 
 
 def _wrap_sync(behavior: Callable, streaming: bool) -> Callable:

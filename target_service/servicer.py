@@ -10,7 +10,7 @@ import torch
 
 from tandem import codec
 from tandem.errors import InvalidArgument
-from tandem.grpc_server import message_status
+from tandem.grpc_server import answer_each
 from tandem.peer import DraftProbs, HiddenStep, TargetPeer, one_torch_thread
 from tandem.telemetry.tracing import Tracing, ending, server_span
 from tandem.v1 import engine_pb2, engine_pb2_grpc
@@ -33,13 +33,8 @@ class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
     def Steps(self, request_iterator, context):
         """The router's steps on one stream: a failed step answers with its error, and the
         stream goes on as a caller of Step would."""
-        for message in request_iterator:
-            try:
-                yield self._step(message, message.trace_context.items())
-            except Exception as e:
-                code, text = message_status(e)
-                yield engine_pb2.StepResponse(step_id=message.step_id,
-                                              error=engine_pb2.StepError(code=code.value[0], message=text))
+        return answer_each(request_iterator, lambda m: self._step(m, m.trace_context.items()),
+                           lambda m, error: engine_pb2.StepResponse(step_id=m.step_id, error=error))
 
     def _step(self, request, trace_headers) -> engine_pb2.StepResponse:
         step = codec.step_request_from_pb(request)
