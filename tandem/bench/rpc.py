@@ -60,9 +60,9 @@ async def _measure(address: str, empty_steps: int, decode_steps: int) -> dict:
             transport = _turn(i)
             result, wall = await client.step(transport)
             samples[(transport, "ops_only")].append((wall, result.compute_ms))
-        await client.step("stream", ops=[AddSequence(1, SamplingParams(temperature=0))],
-                          entries=[StepEntry(1, EntryKind.PREFILL, PROMPT, True)])
-        token = PROMPT[-1]
+        prefilled, _ = await client.step("stream", ops=[AddSequence(1, SamplingParams(temperature=0))],
+                                         entries=[StepEntry(1, EntryKind.PREFILL, PROMPT, True)])
+        token = prefilled.results[0].tokens[-1].token_id  # each decode feeds the token just sampled
         for i in range(decode_steps):
             transport = _turn(i)
             result, wall = await client.step(transport, entries=[StepEntry(1, EntryKind.DECODE, (token,), True)])
