@@ -30,21 +30,27 @@ class CallStream:
     async def call(self, request):
         """The response; raises Unavailable when the service is gone or too slow, a
         TandemError with the service's status when it failed this request."""
-        call = self._call = self._call or self.open_stream()
+        if self._call is None or self._call.done():  # first call, or the stream ended while idle
+            self._call = self.open_stream()
+        call = self._call
         number = getattr(request, self.id_field)
         try:
-            await call.write(request)
-            response = await asyncio.wait_for(call.read(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # a write can stall too (flow control)
+                await call.write(request)
+                response = await call.read()
         except asyncio.CancelledError:  # the router stops: this answer must not stay queued
             self.close()
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.close()
             raise Unavailable(f"{self.service} unavailable: no answer to {self.id_field} {number} "
                               f"within {self.timeout_s:g} s") from None
         except grpc.aio.AioRpcError as e:
             self.close()
             raise self.failed(e.code(), e.details()) from e
+        except (asyncio.InvalidStateError, grpc.aio.UsageError) as e:  # it ended between done() and write
+            self.close()
+            raise Unavailable(f"{self.service} unavailable: the stream ended ({e})") from e
         if response is grpc.aio.EOF:
             self.close()
             raise Unavailable(f"{self.service} unavailable: it ended the stream")

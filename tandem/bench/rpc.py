@@ -43,6 +43,8 @@ class _Client:
         else:
             await self.stream.write(message)
             response = await self.stream.read()
+            if response is grpc.aio.EOF:
+                raise RuntimeError(f"the target ended the Steps stream at step {self.step_id}")
         wall_ms = (time.perf_counter() - started) * 1e3
         if response.HasField("error"):
             raise RuntimeError(f"step {self.step_id} failed: {response.error.message}")

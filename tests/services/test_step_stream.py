@@ -1,16 +1,21 @@
 """The router's calls travel on the services' streams (Steps, Drafts): a failed call answers in the
 stream and the stream goes on; a failed or stalled step fails the running requests, never the
-router; a failed draft call serves plain until the draft is healthy again."""
+router; a failed draft call serves plain until the draft is healthy again; a stream that ended
+while the router was idle (the service restarted) is opened again."""
 
 import time
 
 import grpc
 import pytest
 
+from draft_service.config import DraftConfig
+from draft_service.server import start_draft
 from tandem.models.eagle_io import random_eagle_checkpoint
 from tandem.v1 import engine_pb2 as epb
 from tandem.v1 import engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
+from target_service.config import TargetConfig
+from target_service.server import start_target
 from tests.services.harness import generate, start_services
 
 GREEDY = pb.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -99,5 +104,41 @@ def test_a_draft_call_the_draft_fails_serves_plain_and_drafting_comes_back(tiny_
             time.sleep(0.1)
         ids, _, _, last = generate(s.stub, prompt="hello", params=GREEDY)
         assert ids == expected and last.usage.draft_tokens > 0  # a fresh stream
+    finally:
+        s.stop()
+
+
+def test_a_target_stream_that_ended_while_idle_is_opened_again(own_services):
+    s = own_services
+    expected = generate(s.stub, prompt="hello", params=GREEDY)[0]
+    s.target_server.stop(0).wait()  # the target's server goes away between requests: the stream ends
+    config = TargetConfig(model_dir=s.router_engine.config.model_dir, port=s.target_port,
+                          kv_cache_tokens=8192, kv_page_size=8)
+    s.target_server, *_ = start_target(config, engine=s.target_engine)
+    for _ in range(2):  # the first after the restart too: the router opens a fresh stream
+        assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
+    assert s.router_engine.counters.step_errors_total == 0
+
+
+def test_a_draft_restarted_while_idle_speculates_again(tiny_model, tmp_path):
+    head = random_eagle_checkpoint(tmp_path / "head", tiny_model, seed=3)
+    s = start_services(tiny_model, draft_model=head)
+    try:
+        expected, _, _, last = generate(s.stub, prompt="hello", params=GREEDY)
+        assert last.usage.draft_tokens > 0
+        s.stop_draft()
+        config = DraftConfig(method="eagle", model_dir=head, target_model_dir=tiny_model,
+                             target_address=f"127.0.0.1:{s.target_port}", port=s.draft_port)
+        s.draft_server, _, _, s.draft_engine, _ = start_draft(config)
+        speculator = s.router_engine.speculator
+        drafted = 0
+        deadline = time.monotonic() + 30
+        while drafted == 0:  # served (plain while the router finds the draft again), then drafted
+            assert time.monotonic() < deadline, "the router never drafted on the restarted draft"
+            ids, _, _, last = generate(s.stub, prompt="hello", params=GREEDY)
+            assert ids == expected
+            drafted = last.usage.draft_tokens
+            time.sleep(0.1)
+        assert speculator.healthy and s.router_engine.counters.step_errors_total == 0
     finally:
         s.stop()
