@@ -5,6 +5,8 @@ from pathlib import Path
 
 from tandem.errors import InvalidArgument
 
+LM_HEAD_QUANTS = ("none", "int8")
+
 
 @dataclass(frozen=True, slots=True)
 class DraftConfig:
@@ -37,6 +39,10 @@ class DraftConfig:
     # against 1.45. A cut proposal never drafts the target's tail, which recursive rejection
     # then leaves in the residual for every later sibling. Hence off by default.
     proposal_top_k: int = 0
+    # The draft's lm_head (the pruned one where the head has a d2t map): "int8" scores with an
+    # int8 copy, one scale per row (CPU only; tandem.models.linear.Int8Linear), "none" in `dtype`.
+    # Drafts only propose: verification stays the target's, lossless either way.
+    lm_head_quant: str = "none"
     # Medusa trees: a preset name of tandem.spec.token_tree or a JSON list of rank tuples.
     medusa_choices: str = ""
     # On a CUDA device, small steps replay captured CUDA graphs (tandem.models.cuda_graphs).
@@ -49,6 +55,10 @@ class DraftConfig:
             raise InvalidArgument(f"shape must be 'chain' or 'tree', got {self.shape!r}")
         if self.tree_top_k <= 0 or self.tree_node_budget <= 0:
             raise InvalidArgument("tree_top_k and tree_node_budget must be positive")
+        if self.lm_head_quant not in LM_HEAD_QUANTS:
+            raise InvalidArgument(f"lm_head_quant must be one of {LM_HEAD_QUANTS}, got {self.lm_head_quant!r}")
+        if self.lm_head_quant == "int8" and self.device != "cpu":
+            raise InvalidArgument(f"an int8 lm_head runs on CPU only, not on {self.device}")
         if self.proposal_top_k < 0:
             raise InvalidArgument(f"proposal_top_k must be >= 0 (0: off), got {self.proposal_top_k}")
         if self.kv_cache_tokens < self.kv_page_size or self.kv_page_size <= 0:

@@ -7,7 +7,7 @@ from pathlib import Path
 from tandem.errors import InvalidArgument
 
 
-def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str):
+def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False):
     from tandem.attention.torch_backend import TorchAttention
     from tandem.models.config import ModelConfig
     from tandem.models.eagle import load_eagle_head
@@ -16,14 +16,15 @@ def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str):
     # The head's rope table must span the target's context, whatever the head's config says.
     positions = ModelConfig.from_folder(target_dir).max_position_embeddings
     backend = TorchAttention(device)
-    return load_eagle_head(model_dir, target_dir, dtype=parse_dtype(dtype), backend=backend, device=device, max_positions=positions)
+    return load_eagle_head(model_dir, target_dir, dtype=parse_dtype(dtype), backend=backend, device=device,
+                           max_positions=positions, lm_head_int8=lm_head_int8)
 
 
-def load_medusa(model_dir: Path, target_dir: Path, dtype: str, device: str):
+def load_medusa(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False):
     from tandem.models.loader import parse_dtype
     from tandem.models.medusa import load_medusa_heads
 
-    return load_medusa_heads(model_dir, target_dir, dtype=parse_dtype(dtype), device=device)
+    return load_medusa_heads(model_dir, target_dir, dtype=parse_dtype(dtype), device=device, lm_head_int8=lm_head_int8)
 
 
 DRAFT_METHODS = {"eagle": load_eagle, "medusa": load_medusa}
@@ -34,7 +35,7 @@ DRAFT_METHODS = {"eagle": load_eagle, "medusa": load_medusa}
 DEFAULT_SHAPES = {"eagle": "chain", "medusa": "tree"}
 
 
-def load_draft_head(method: str, model_dir: Path, target_dir: Path, dtype: str, device: str):
+def load_draft_head(method: str, model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False):
     if method not in DRAFT_METHODS:
         raise InvalidArgument(f"draft method {method!r} is not one of {sorted(DRAFT_METHODS)}")
-    return DRAFT_METHODS[method](model_dir, target_dir, dtype, device)
+    return DRAFT_METHODS[method](model_dir, target_dir, dtype, device, lm_head_int8)

@@ -71,6 +71,9 @@ def _add_draft_shape_flags(p: argparse.ArgumentParser, device_defaults: bool = F
     p.add_argument("--proposal-top-k", type=int, default=_env("proposal_top_k", 0),
                    help="sampled requests: the draft proposes from its top-k tokens, renormalised (0: all;"
                         " a cut proposal travels lighter but accepts less)")
+    p.add_argument("--draft-lm-head-quant", default=_env("draft_lm_head_quant", "auto"), choices=["auto", "int8", "none"],
+                   help="the draft's lm_head: int8 weights (CPU only; a draft step's largest read) or none (in --dtype);"
+                        " auto: int8 on CPU. Drafts only propose: output is the target's either way")
     p.add_argument("--medusa-choices", default=_env("medusa_choices", ""),
                    help="Medusa tree: a preset of tandem.spec.token_tree (small_static_tree) or a JSON list of"
                         " rank lists (default: a chain of all heads for --shape chain; for tree the head folder's"
@@ -136,6 +139,7 @@ def router_config(args, model: Path):
 def draft_config(args, model: Path):
     from draft_service.config import DraftConfig
     from draft_service.methods import DEFAULT_SHAPES
+    from tandem.models.heads import lm_head_quant
 
     if not args.draft_model:
         raise SystemExit("tandem draft: --draft-model DIR (the draft head checkpoint) is required")
@@ -145,6 +149,7 @@ def draft_config(args, model: Path):
         tree_top_k=args.tree_top_k,
         tree_node_budget=args.tree_node_budget,
         proposal_top_k=args.proposal_top_k,
+        lm_head_quant=lm_head_quant(args.draft_lm_head_quant, args.device),
         medusa_choices=args.medusa_choices,
         model_dir=Path(args.draft_model),
         target_model_dir=model,

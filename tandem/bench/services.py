@@ -62,17 +62,29 @@ def running_services(model: Path, dtype: str, threads: int = 0, extra_target: tu
         yield addresses[0]
 
 
+def bench_kv_cache_tokens(longest_prompt: int, max_tokens: int, streams: int) -> int:
+    """The KV cache a bench stack's target needs: each stream's prompt and answer, a step's drafts
+    and a page of rounding beside them; at least 4096. The service default (32,768 tokens) is
+    1.5 GB of fp32 KV per default-model target, and a spec bench runs a stack per row at once:
+    six such stacks (3.1 GB a target) filled this 24 GB machine and starved it of page cache."""
+    need = streams * (longest_prompt + max_tokens + 64 + 16)
+    return max(4096, -(-need // 1024) * 1024)
+
+
 @contextlib.contextmanager
-def running_stacks(model: Path, dtype: str, threads: int, specs: list[StackSpec], devices: Devices = Devices()):
+def running_stacks(model: Path, dtype: str, threads: int, specs: list[StackSpec], devices: Devices = Devices(),
+                   kv_cache_tokens: int = 0):
     """Starts every stack, each tier of processes in parallel (targets, then drafts, then
-    routers: each needs the one before it), and yields the routers' addresses in order."""
+    routers: each needs the one before it), and yields the routers' addresses in order.
+    kv_cache_tokens: each target's KV cache (0: the service's default)."""
     cli = [sys.executable, "-m", "tandem.cli", "--log-level", "WARNING"]
     common = ["--model", str(model), "--dtype", dtype, "--host", "127.0.0.1"]
+    kv = ["--kv-cache-tokens", str(kv_cache_tokens)] if kv_cache_tokens else []
     procs: list[subprocess.Popen] = []
     tports = [free_port() for _ in specs]
     try:
         _start_tier(procs, [
-            (p, [*cli, "target", *common, "--port", str(p), "--threads", str(threads),
+            (p, [*cli, "target", *common, "--port", str(p), "--threads", str(threads), *kv,
                  *devices.service_flags(devices.target), *s.target])
             for s, p in zip(specs, tports)
         ])

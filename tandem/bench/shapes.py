@@ -8,7 +8,7 @@ length, acceptance by draft position and the time split. `tandem up`'s CPU defau
 
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tandem.bench.services import StackSpec
 from tandem.bench.spec_modes import Mode
@@ -18,48 +18,66 @@ from tandem.models.heads import DraftShape
 DEFAULT_SHAPES = "chain:1,chain:2,chain:3,tree:1:3:3,tree:2:2:4"
 
 
+QUANTS = ("auto", "int8", "none")  # --draft-lm-head-quant
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeRow:
+    """One stack of the bench: a draft shape, and the draft's lm_head (--draft-lm-head-quant)."""
+
+    shape: DraftShape
+    lm_head_quant: str = "auto"
+
+
 def add_shapes_flag(p) -> None:
     p.add_argument("--shapes", default=DEFAULT_SHAPES,
-                   help="--mode shapes: comma-separated chain:K or tree:K:TOP_K:NODE_BUDGET (default %(default)s);"
+                   help="--mode shapes: comma-separated chain:K or tree:K:TOP_K:NODE_BUDGET, each optionally"
+                        " @int8 / @none / @auto (the draft's --draft-lm-head-quant; default auto) (default %(default)s);"
                         " the head is --eagle-head; --temperatures 0 --concurrency 1 for greedy batch 1 alone")
 
 
-def parse_shapes(text: str) -> list[DraftShape]:
-    shapes = []
+def parse_shapes(text: str) -> list[ShapeRow]:
+    rows = []
     for item in filter(None, (s.strip() for s in text.split(","))):
-        kind, *numbers = item.split(":")
+        spec, _, quant = item.partition("@")
+        kind, *numbers = spec.split(":")
         try:
             values = [int(n) for n in numbers]
         except ValueError:
             values = []
+        if quant and quant not in QUANTS:
+            raise InvalidArgument(f"--shapes: {item!r}: the lm_head after @ is one of {', '.join(QUANTS)}")
         if kind == "chain" and len(values) == 1 and values[0] >= 1:
-            shapes.append(DraftShape("chain", values[0]))
+            rows.append(ShapeRow(DraftShape("chain", values[0]), quant or "auto"))
         elif kind == "tree" and len(values) == 3 and min(values) >= 1:
-            shapes.append(DraftShape("tree", *values))
+            rows.append(ShapeRow(DraftShape("tree", *values), quant or "auto"))
         else:
             raise InvalidArgument(f"--shapes: {item!r} is neither chain:K nor tree:K:TOP_K:NODE_BUDGET")
-    if not shapes:
+    if not rows:
         raise InvalidArgument("--shapes: no shape given")
-    return shapes
+    return rows
 
 
-def shape_label(s: DraftShape) -> str:
-    if s.shape == "chain":
-        return f"chain k={s.k}"
-    return f"tree depth<={s.k} top-{s.tree_top_k} {s.tree_node_budget} nodes"
+def shape_label(row: ShapeRow) -> str:
+    s = row.shape
+    label = f"chain k={s.k}" if s.shape == "chain" else f"tree depth<={s.k} top-{s.tree_top_k} {s.tree_node_budget} nodes"
+    return label if row.lm_head_quant == "auto" else f"{label}, lm_head {row.lm_head_quant}"
 
 
-def shape_modes(head, shapes: list[DraftShape]) -> list[Mode]:
+def shape_modes(head, rows: list[ShapeRow]) -> list[Mode]:
     """Plain decoding first (the ratios' base), then a stack per shape."""
     plain = Mode("tandem_plain", "tandem plain", "target and router (--draft none)",
                  StackSpec(router=("--spec-draft-length", "1")))
     modes = [plain]
-    for s in shapes:
-        draft = ("--method", "eagle", "--draft-model", str(head), "--shape", s.shape)
+    for row in rows:
+        s = row.shape
+        draft = ("--method", "eagle", "--draft-model", str(head), "--shape", s.shape,
+                 "--draft-lm-head-quant", row.lm_head_quant)
         if s.shape == "tree":
             draft += ("--tree-top-k", str(s.tree_top_k), "--tree-node-budget", str(s.tree_node_budget))
         name = f"eagle_{s.shape}_{s.k}" + (f"_{s.tree_top_k}_{s.tree_node_budget}" if s.shape == "tree" else "")
-        modes.append(Mode(name, shape_label(s), f"EAGLE {shape_label(s)}",
+        name += "" if row.lm_head_quant == "auto" else f"_{row.lm_head_quant}"
+        modes.append(Mode(name, shape_label(row), f"EAGLE {shape_label(row)}",
                           StackSpec(draft=draft, router=("--spec-draft-length", str(s.k)))))
     return modes
 
@@ -73,7 +91,7 @@ def run_shapes_bench(args) -> int:
     from tandem.bench.spec_report import build_report, write_results
 
     shapes = parse_shapes(args.shapes)
-    cfg = replace(spec_config(args), spec_draft_length=max(s.k for s in shapes))  # positions to report
+    cfg = replace(spec_config(args), spec_draft_length=max(r.shape.k for r in shapes))  # positions to report
     load = os.getloadavg()[0]
     model = bench_model(args)
     eagle, _ = _heads(cfg, model)

@@ -16,7 +16,7 @@ import grpc
 
 from tandem.bench.hf import HFGenerator
 from tandem.bench.inputs import bench_model, bench_prompts
-from tandem.bench.services import running_stacks
+from tandem.bench.services import bench_kv_cache_tokens, running_stacks
 from tandem.bench.spec_modes import Mode, SpecBenchConfig, plan_modes, spec_config
 from tandem.bench.spec_runners import HFRunner, Refused, Tally, TandemRunner, timed
 from tandem.bench.streams import time_split
@@ -64,7 +64,8 @@ def measure(cfg: SpecBenchConfig, model: Path, prompts: list[list[int]], modes: 
     generator = HFGenerator(model, cfg.dtype, cfg.max_tokens, cfg.devices.target) if in_process else None
     served = [m for m in modes if m.stack and not m.skipped]
     stacks = [m.stack for m in served]
-    with running_stacks(model, cfg.dtype, cfg.threads, stacks, cfg.devices) as addresses, \
+    kv = bench_kv_cache_tokens(max(map(len, prompts)), cfg.max_tokens, max(cfg.batches))
+    with running_stacks(model, cfg.dtype, cfg.threads, stacks, cfg.devices, kv) as addresses, \
             contextlib.ExitStack() as channels:
         runners = {}
         for m, address in zip(served, addresses):

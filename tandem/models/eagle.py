@@ -27,7 +27,7 @@ from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
 from tandem.models.eagle_io import LAYER, read_draft_vocab, read_eagle_checkpoint, read_tensors
-from tandem.models.linear import Linear, make_linear
+from tandem.models.linear import Linear, make_head_projection, make_linear
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
 from tandem.models.rope import inverse_frequencies, rope_tables, signed_sin
 
@@ -104,6 +104,7 @@ class EagleHead:
         rope_sin: torch.Tensor,
         backend: AttentionBackend,
         vocab_ids: torch.Tensor | None = None,  # [V'] int64: a pruned draft vocabulary (d2t)
+        lm_head_int8: bool = False,  # score with an int8 copy of the (pruned) lm_head (CPU)
     ):
         d = config.hidden_size
         assert fc.weight.shape == (d, 2 * d), fc.weight.shape
@@ -114,7 +115,7 @@ class EagleHead:
         # A pruned vocabulary scores only its tokens (EAGLE-3's d2t): a smaller lm_head, and the
         # rest of the vocabulary at -inf, so the draft never proposes what it was not trained on.
         self.vocab_ids = vocab_ids
-        self.lm_head = make_linear(lm_head if vocab_ids is None else lm_head[vocab_ids])
+        self.lm_head = make_head_projection(lm_head if vocab_ids is None else lm_head[vocab_ids], lm_head_int8)
         self.dtype = fc.weight.dtype
         self.rope_cos = rope_cos.to(self.dtype)
         self.rope_sin = signed_sin(rope_sin).to(self.dtype)
@@ -210,6 +211,7 @@ def load_eagle_head(
     backend: AttentionBackend,
     device: torch.device | str = "cpu",
     max_positions: int | None = None,
+    lm_head_int8: bool = False,
 ) -> EagleHead:
     """The head of `head_dir` (public EAGLE-1/2 format) with the embedding and lm_head of the
     target in `target_dir` (a safetensors folder, tied or not); rope from the head's config."""
@@ -229,7 +231,7 @@ def load_eagle_head(
     inv_freq, scaling = _head_rope(Path(head_dir), raw)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)
     vocab_ids = read_draft_vocab(Path(head_dir), config.vocab_size, device)
-    return EagleHead(config, fc, layer, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids)
+    return EagleHead(config, fc, layer, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids, lm_head_int8)
 
 
 def _target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -57,6 +57,14 @@ def default_draft(model_given: bool, device: str) -> str:
     return "none" if model_given or device == "cpu" or shipped_head("eagle") is None else "eagle"
 
 
+def lm_head_quant(asked: str, device: str) -> str:
+    """--draft-lm-head-quant made concrete: auto is int8 on CPU, where the draft's lm_head is
+    most of a draft step's bytes (README: Benchmarks), and none elsewhere."""
+    if asked != "auto":
+        return asked
+    return "int8" if device == "cpu" else "none"
+
+
 def shipped_head(method: str) -> Path | None:
     """The shipped head of a method, for the default model; None when there is none."""
     head = SHIPPED.get(method)

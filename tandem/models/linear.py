@@ -46,6 +46,37 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
 
+@dataclass(frozen=True, slots=True)
+class Int8Linear:
+    """A projection with int8 weights, one scale per output row (weight-only quantization), for
+    a draft's lm_head on CPU: its rows are read once a draft step and are most of the step's
+    bytes. On this machine's AVX2 EPYC, a 16k x 576 pruned lm_head over one row takes 0.4 ms
+    against 3.9 ms in fp32 (the rows go through bf16, the kernel's input type). Rows are
+    independent: a row's scores do not depend on the others in the call (fp32's kernels, chosen
+    by row count, differ in the last bits), so seeded drafts are the same in any batch."""
+
+    weight: torch.Tensor  # [out, in] int8
+    scales: torch.Tensor  # [out] bf16: row r of the real weight is weight[r] * scales[r]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, in] -> [M, out] in x's dtype."""
+        return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.scales).to(x.dtype)
+
+
+def quantize_int8(weight: torch.Tensor) -> Int8Linear:
+    """weight [out, in] (CPU) -> its symmetric per-row int8 quantization."""
+    if weight.device.type != "cpu":
+        raise ValueError(f"int8 projections run on CPU only, not {weight.device}")
+    w = weight.float()
+    wanted = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-30)
+    # The kernel takes bf16 scales: round each up to one bf16 holds, then quantize against it, so
+    # the scale is exact and the row's largest weight still fits in 127.
+    scales = wanted.to(torch.bfloat16)
+    scales = torch.where(scales.float() < wanted, torch.nextafter(scales, torch.full_like(scales, float("inf"))), scales)
+    q = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+    return Int8Linear(q, scales)
+
+
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
     """weight [out, in] (any layout); the blocked copy where oneDNN can serve it."""
     weight = weight.contiguous()
@@ -53,3 +84,8 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linea
     if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
         blocked = torch.ops.mkldnn._reorder_linear_weight(weight, MAX_FLAT_ROWS + 1)
     return Linear(weight, None if bias is None else bias.contiguous(), blocked)
+
+
+def make_head_projection(weight: torch.Tensor, int8: bool) -> Linear | Int8Linear:
+    """A draft's lm_head: int8 (CPU; see Int8Linear) or as make_linear gives it."""
+    return quantize_int8(weight) if int8 else make_linear(weight)

@@ -41,7 +41,7 @@ from safetensors.torch import load_file, save_file
 from tandem.errors import InvalidArgument
 from tandem.models.config import ModelConfig
 from tandem.models.eagle_io import read_draft_vocab, read_tensors
-from tandem.models.linear import Linear, make_linear
+from tandem.models.linear import Int8Linear, Linear, make_head_projection
 
 PREFIX = "medusa_head."
 # Read in this order; the first that exists wins (pytorch_model.bin first, as the EAGLE loader).
@@ -93,7 +93,7 @@ class MedusaHeads:
         blocks: torch.Tensor,  # [H, L, D, D]: block j of head i is x + silu(x @ blocks[i, j] + bias[i, j])
         biases: torch.Tensor,  # [H, L, D]
         lm_heads: torch.Tensor | None,  # [H, D, V']: each head's own; None: `shared_lm_head`
-        shared_lm_head: Linear | None = None,  # the target's lm_head, [V', D] as it stores it
+        shared_lm_head: Linear | Int8Linear | None = None,  # the target's lm_head, [V', D] as it stores it
         vocab_ids: torch.Tensor | None = None,  # [V'] int64: the pruned vocabulary's target ids
     ):
         h, n, d = config.num_heads, config.num_layers, config.hidden_size
@@ -169,10 +169,12 @@ def read_medusa_checkpoint(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor
 
 
 def build_medusa_heads(config: MedusaConfig, state: dict[str, torch.Tensor], dtype, device,
-                       target_lm_head: torch.Tensor | None, vocab_ids: torch.Tensor | None = None) -> MedusaHeads:
+                       target_lm_head: torch.Tensor | None, vocab_ids: torch.Tensor | None = None,
+                       lm_head_int8: bool = False) -> MedusaHeads:
     """Checks every key and shape of a public state dict; target_lm_head [V, D] is used when
     the checkpoint has no lm_head of its own (and may be None when it has); vocab_ids: the
-    target ids of a pruned vocabulary, whose rows of every lm_head are kept."""
+    target ids of a pruned vocabulary, whose rows of every lm_head are kept; lm_head_int8: the
+    shared lm_head scores in int8 (CPU; heads with lm_heads of their own keep them as they are)."""
     d, v, n = config.hidden_size, config.vocab_size, config.num_layers
     expected = {}
     for i in range(config.num_heads):
@@ -211,11 +213,12 @@ def build_medusa_heads(config: MedusaConfig, state: dict[str, torch.Tensor], dty
         return MedusaHeads(config, blocks, biases, lm_heads, vocab_ids=vocab_ids)
     if target_lm_head is None:
         raise InvalidArgument("Medusa checkpoint has no lm_head weights and no target lm_head was given")
-    shared = make_linear(target_lm_head[keep].to(device=device, dtype=dtype))
+    shared = make_head_projection(target_lm_head[keep].to(device=device, dtype=dtype), lm_head_int8)
     return MedusaHeads(config, blocks, biases, None, shared, vocab_ids)
 
 
-def load_medusa_heads(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, device="cpu") -> MedusaHeads:
+def load_medusa_heads(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, device="cpu",
+                      lm_head_int8: bool = False) -> MedusaHeads:
     """The heads of `head_dir` (public format); the target's lm_head when they have none."""
     raw, state = read_medusa_checkpoint(head_dir)
     target = ModelConfig.from_folder(target_dir)
@@ -223,7 +226,7 @@ def load_medusa_heads(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, d
     shares = f"{PREFIX}0.{config.num_layers}.weight" not in state
     lm_head = target_lm_head(target, Path(target_dir)) if shares else None
     vocab_ids = read_draft_vocab(Path(head_dir), config.vocab_size, device)
-    return build_medusa_heads(config, state, dtype, device, lm_head, vocab_ids)
+    return build_medusa_heads(config, state, dtype, device, lm_head, vocab_ids, lm_head_int8)
 
 
 def target_lm_head(target: ModelConfig, target_dir: Path) -> torch.Tensor:

@@ -2,16 +2,17 @@
 
 import pytest
 
-from tandem.bench.shapes import parse_shapes, shape_modes
+from tandem.bench.shapes import ShapeRow, parse_shapes, shape_modes
 from tandem.errors import InvalidArgument
 from tandem.models.heads import DraftShape
 
 
 def test_parse_shapes():
-    assert parse_shapes("chain:1, tree:2:3:5") == [DraftShape("chain", 1), DraftShape("tree", 2, 3, 5)]
+    assert parse_shapes("chain:1, tree:2:3:5@int8, chain:2@none") == [
+        ShapeRow(DraftShape("chain", 1)), ShapeRow(DraftShape("tree", 2, 3, 5), "int8"), ShapeRow(DraftShape("chain", 2), "none")]
 
 
-@pytest.mark.parametrize("bad", ["", "chain", "chain:0", "tree:1:3", "tree:1:x:3", "star:2"])
+@pytest.mark.parametrize("bad", ["", "chain", "chain:0", "tree:1:3", "tree:1:x:3", "star:2", "chain:2@int4"])
 def test_parse_shapes_names_a_bad_item(bad):
     with pytest.raises(InvalidArgument, match="--shapes"):
         parse_shapes(bad)
@@ -25,3 +26,10 @@ def test_shape_modes_plain_first_then_one_stack_per_shape():
     tree = modes[2].stack.draft
     assert tree[tree.index("--shape") + 1] == "tree" and tree[tree.index("--tree-node-budget") + 1] == "3"
     assert all(m.speculative for m in modes[1:])
+    assert all(m.stack.draft[m.stack.draft.index("--draft-lm-head-quant") + 1] == "auto" for m in modes[1:])
+
+
+def test_a_shape_with_an_lm_head_is_a_stack_of_its_own():
+    modes = shape_modes("/heads/h", parse_shapes("chain:4@none,chain:4@int8"))
+    assert [m.name for m in modes] == ["tandem_plain", "eagle_chain_4_none", "eagle_chain_4_int8"]
+    assert [m.stack.draft[m.stack.draft.index("--draft-lm-head-quant") + 1] for m in modes[1:]] == ["none", "int8"]

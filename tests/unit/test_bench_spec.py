@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from tandem.bench.services import Devices, sigterm_held
+from tandem.bench.services import Devices, bench_kv_cache_tokens, sigterm_held
 from tandem.bench.spec import measure_cell
 from tandem.bench.spec_modes import plan_modes, spec_config
 from tandem.bench.spec_report import _ratios
@@ -141,3 +141,9 @@ def test_sigterm_held_during_a_spawn_reaches_the_handler_after_it():
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert seen == ["spawned", ("handler", signal.SIGTERM), "after", "quiet"]
+
+
+def test_a_bench_stack_reserves_the_kv_its_streams_need():
+    assert bench_kv_cache_tokens(300, 128, 1) == 4096  # the floor
+    sized = bench_kv_cache_tokens(300, 1024, 8)
+    assert sized % 1024 == 0 and 8 * (300 + 1024 + 64) <= sized < 8 * (300 + 1024 + 64) + 2048

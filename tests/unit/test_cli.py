@@ -5,7 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tandem.cli import build_parser, draft_config
+from tandem.errors import InvalidArgument
 
 PROBE = "import sys, tandem.cli; tandem.cli.build_parser(); print(sorted({'torch', 'transformers'} & set(sys.modules)))"
 
@@ -90,3 +93,19 @@ def test_up_service_args_carry_the_chosen_draft(monkeypatch):
     assert cut[cut.index("--proposal-top-k") + 1] == "64"
     config = draft_config(build_parser().parse_args(["draft", *cut[1:]]), Path("/m"))
     assert config.proposal_top_k == 64
+
+
+def test_the_drafts_lm_head_is_int8_on_cpu_unless_told(monkeypatch):
+    from tandem.launcher import service_args
+
+    def drafted(*flags):
+        _, _, draft = service_args(_up("--draft", "eagle", *flags, monkeypatch=monkeypatch), Path("/m"))
+        return draft_config(build_parser().parse_args(["draft", *draft[1:]]), Path("/m")).lm_head_quant
+
+    assert drafted() == "int8"
+    assert drafted("--draft-lm-head-quant", "none") == "none"
+    on_gpu = build_parser().parse_args(["draft", "--draft-model", "/h", "--device", "cuda:0"])
+    assert draft_config(on_gpu, Path("/m")).lm_head_quant == "none"
+    asked = build_parser().parse_args(["draft", "--draft-model", "/h", "--device", "cuda:0", "--draft-lm-head-quant", "int8"])
+    with pytest.raises(InvalidArgument, match="CPU only"):
+        draft_config(asked, Path("/m"))

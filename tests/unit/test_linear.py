@@ -1,12 +1,12 @@
 """Every row count takes a kernel (matrix-vector, F.linear, oneDNN's blocked copy); all of them
-compute nn.Linear's product."""
+compute nn.Linear's product; the int8 projection for a draft's lm_head comes close to it."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from tandem.models.linear import MAX_FLAT_ROWS, make_linear
+from tandem.models.linear import MAX_FLAT_ROWS, make_linear, quantize_int8
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -36,3 +36,40 @@ def test_strided_inputs_compute_the_same(rows):
     x = torch.randn(rows, 80)[:, ::2]  # every other column: not contiguous
     assert not x.is_contiguous()
     assert_close(make_linear(weight)(x), F.linear(x, weight))
+
+
+def _scaled_weight(out: int, dim: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out, dim, generator=g) * torch.rand(out, 1, generator=g)  # rows of different scales
+
+
+def test_int8_projection_is_close_to_the_fp32_product():
+    weight = _scaled_weight(300, 64, seed=1)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
+    exact, got = x @ weight.T, quantize_int8(weight)(x)
+    assert got.shape == exact.shape and got.dtype == torch.float32
+    assert (got - exact).abs().max() < 0.02 * exact.abs().max()
+    assert not torch.equal(got, exact)  # it did quantize
+
+
+def test_int8_scales_are_exact_in_bf16_and_fit_each_row():
+    weight = _scaled_weight(200, 32, seed=3)
+    q = quantize_int8(weight)
+    assert q.weight.dtype == torch.int8 and q.scales.dtype == torch.bfloat16
+    assert q.weight.abs().amax(1).le(127).all() and q.weight.abs().amax(1).ge(126).all()  # full range used
+    dequantized = q.weight.float() * q.scales.float()[:, None]
+    assert (dequantized - weight).abs().le(q.scales.float()[:, None] / 2 + 1e-6).all()  # half a step at most
+
+
+@pytest.mark.parametrize("rows", [2, 3, 8, 33])
+def test_an_int8_row_does_not_depend_on_the_rest_of_its_batch(rows):
+    q = quantize_int8(_scaled_weight(500, 64, seed=4))
+    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows))
+    together = q(x)
+    for i in range(rows):
+        assert torch.equal(q(x[i : i + 1])[0], together[i])
+
+
+def test_int8_projection_is_cpu_only():
+    with pytest.raises(ValueError, match="CPU only"):
+        quantize_int8(torch.empty(4, 4, device="meta"))

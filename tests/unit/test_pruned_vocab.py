@@ -63,3 +63,31 @@ def test_a_medusa_d2t_map_out_of_the_vocabulary_is_refused(tmp_path):
     save_file({"d2t": torch.tensor([1, 0])}, str(head_dir / "d2t.safetensors"))  # ids 1, 1: not one to one
     with pytest.raises(InvalidArgument, match="d2t"):
         load_medusa_heads(head_dir, target, dtype=torch.float32)
+
+
+def test_an_int8_lm_head_scores_the_pruned_vocabulary_close_to_fp32(tmp_path):
+    target = build_tiny_model(tmp_path / "tiny", seed=0)
+    head_dir = random_eagle_checkpoint(tmp_path / "head", target, seed=1)
+    keep = torch.arange(0, 400, 3)
+    save_file({"d2t": keep - torch.arange(len(keep))}, str(head_dir / "d2t.safetensors"))
+    exact = load_eagle_head(head_dir, target, dtype=torch.float32, backend=TorchAttention())
+    int8 = load_eagle_head(head_dir, target, dtype=torch.float32, backend=TorchAttention(), lm_head_int8=True)
+    features = torch.randn(6, exact.config.hidden_size)
+    expected, got = exact.logits(features), int8.logits(features)
+    assert got.dtype == torch.float32 and torch.isneginf(got).sum() == torch.isneginf(expected).sum()
+    assert (got[:, keep] - expected[:, keep]).abs().max() < 0.02 * expected[:, keep].abs().max()
+    assert not torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("own_lm_head", [False, True])
+def test_int8_applies_to_a_shared_medusa_lm_head_only(tmp_path, own_lm_head):
+    target = build_tiny_model(tmp_path / "tiny", seed=0)
+    head_dir = random_medusa_checkpoint(tmp_path / "medusa", target, num_heads=3, seed=2, own_lm_head=own_lm_head)
+    exact = load_medusa_heads(head_dir, target, dtype=torch.float32)
+    int8 = load_medusa_heads(head_dir, target, dtype=torch.float32, lm_head_int8=True)
+    features = torch.randn(4, exact.config.hidden_size)
+    expected, got = exact.logits(features), int8.logits(features)
+    if own_lm_head:  # each head's own lm_head stays as it is
+        torch.testing.assert_close(got, expected)
+    else:
+        assert 0 < (got - expected).abs().max() < 0.02 * expected.abs().max()
