@@ -87,13 +87,13 @@ def running_stacks(model: Path, dtype: str, threads: int, specs: list[StackSpec]
             (p, [*cli, "target", *common, "--port", str(p), "--threads", str(threads), *kv,
                  *devices.service_flags(devices.target), *s.target])
             for s, p in zip(specs, tports)
-        ])
+        ], one_at_a_time=devices.target == "cpu")
         dports = {i: free_port() for i, s in enumerate(specs) if s.draft is not None}
         _start_tier(procs, [
             (dports[i], [*cli, "draft", *common, "--port", str(dports[i]), "--threads", str(threads),
                          *devices.service_flags(devices.draft), "--target", f"127.0.0.1:{tports[i]}", *specs[i].draft])
             for i in dports
-        ])
+        ], one_at_a_time=devices.draft == "cpu")
         rports = [free_port() for _ in specs]
         _start_tier(procs, [
             (rp, [*cli, "router", *common, "--port", str(rp), "--target", f"127.0.0.1:{tp}",
@@ -120,12 +120,18 @@ def running_target(model: Path, dtype: str, threads: int, devices: Devices = Dev
         _stop(procs)
 
 
-def _start_tier(procs: list[subprocess.Popen], tier: list[tuple[int, list[str]]]) -> None:
+def _start_tier(procs: list[subprocess.Popen], tier: list[tuple[int, list[str]]], one_at_a_time: bool = False) -> None:
+    """one_at_a_time: each process is healthy before the next starts. CPU services need it: each
+    times its matmul kernels as it loads (tandem.models.linear), which others loading beside it
+    would skew (in a bench of four stacks started together, plain decoding's target chose the
+    kernel that made its step 70 ms instead of 53)."""
     # No Prometheus endpoints: several stacks on one machine would collide on their fixed ports.
     env = {**os.environ, "TANDEM_METRICS_PORT": "0"}
-    for _, cmd in tier:
+    for port, cmd in tier:
         with sigterm_held():
             procs.append(subprocess.Popen(cmd, env=env))
+        if one_at_a_time:
+            wait_healthy(f"127.0.0.1:{port}", procs)
     for port, _ in tier:
         wait_healthy(f"127.0.0.1:{port}", procs)
 

@@ -27,7 +27,7 @@ from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
 from tandem.models.eagle_io import LAYER, read_draft_vocab, read_eagle_checkpoint, read_tensors
-from tandem.models.linear import Linear, make_head_projection, make_linear
+from tandem.models.linear import Linear, choose_cpu_kernels, make_head_projection, make_linear
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
 from tandem.models.rope import inverse_frequencies, rope_tables, signed_sin
 
@@ -227,6 +227,8 @@ def load_eagle_head(
             f"EAGLE head vocab_size {config.vocab_size} does not match the target's {target.vocab_size}"
         )
     fc, layer = build_head_weights(config, state, dtype, device)
+    if torch.device(device).type == "cpu":  # the draft process's own kernels, for its small weights
+        choose_cpu_kernels([fc, layer.qkv, layer.o, layer.gate_up, layer.down])
     embed, lm_head = _target_embeddings(target, Path(target_dir), dtype, device)
     inv_freq, scaling = _head_rope(Path(head_dir), raw)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)

@@ -12,21 +12,34 @@ machine's Xeon, eating most of what speculation saves. All the default model's m
     F.linear, [out, in]   22.9  24.6  26.5  42.0  53.1  53.4  95.5  276
     oneDNN, blocked copy  27.5  29.2  32.7  29.7  35.4  42.0  92.5  259
 
-So on CPU: one row is a matrix-vector product, 2-3 rows go to `F.linear`, more to oneDNN over a
-copy of the weight reordered once into its blocked layout (fp32; it doubles the weights' memory,
+So on that CPU: one row is a matrix-vector product, 2-3 rows go to `F.linear`, more to oneDNN over
+a copy of the weight reordered once into its blocked layout (fp32; it doubles the weights' memory,
 which on CPU is the small default model's). CUDA takes `F.linear` for any row count, as nn.Linear.
+
+That table is an Intel Xeon's. On an AMD EPYC (AVX2, 2 cores) the same whole set of matmuls ran,
+ms: one row 49-51 as a matrix-vector product against 30-33 through the blocked copy; 2 and 3
+rows 80-105 through `F.linear` against 34-37 blocked. No one choice suits both, so a CPU process
+that loads a model measures its own (`calibrate_cpu_kernels`, on the model's projections, on the
+thread that will run them) for 1 to MAX_FLAT_ROWS rows; more rows always take the blocked copy.
 
 In the default model's whole forward (fp32, on a pool thread as the services run it) one row
 takes 28.9 ms against 27.7 with `x @ w` over an [in, out] copy: 4% given up on a single stream,
 which a third copy of every weight would buy back, for 22% on 2 rows and 8 rows.
 """
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from tandem.errors import InvalidArgument
+
 MAX_FLAT_ROWS = 3  # above this, the blocked copy where there is one
+CPU_KERNELS = ("matvec", "flat", "blocked")  # W @ x^T (one row only), F.linear, oneDNN's blocked copy
+# The kernel for 1..MAX_FLAT_ROWS rows on CPU in this process: the Xeon's choice until
+# calibrate_cpu_kernels (or use_cpu_kernels) sets another. A process runs one model.
+_cpu_plan: list[str] = ["matvec", "flat", "flat"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +51,15 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in] -> [M, out]."""
         rows = x.shape[0]
-        if self.blocked is not None and rows > MAX_FLAT_ROWS:
+        kernel = "blocked" if rows > MAX_FLAT_ROWS else _cpu_plan[rows - 1]
+        return self.run(kernel, x)
+
+    def run(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
+        """x through `kernel` where it applies (the blocked copy exists; a matrix-vector product
+        of one CPU row), else F.linear."""
+        if kernel == "blocked" and self.blocked is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.blocked, self.bias, "none", [], "")
-        if rows == 1 and x.device.type == "cpu":
+        if kernel == "matvec" and x.shape[0] == 1 and x.device.type == "cpu":
             y = (self.weight @ x.t()).t()  # a matrix-vector product; [out, 1] viewed as [1, out]
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
@@ -89,3 +108,52 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linea
 def make_head_projection(weight: torch.Tensor, int8: bool) -> Linear | Int8Linear:
     """A draft's lm_head: int8 (CPU; see Int8Linear) or as make_linear gives it."""
     return quantize_int8(weight) if int8 else make_linear(weight)
+
+
+def use_cpu_kernels(plan: tuple[str, ...]) -> None:
+    """Sets this process's CPU kernel for 1..MAX_FLAT_ROWS rows (names from CPU_KERNELS)."""
+    if len(plan) != MAX_FLAT_ROWS or not set(plan) <= set(CPU_KERNELS):
+        raise ValueError(f"a CPU kernel plan is {MAX_FLAT_ROWS} names of {CPU_KERNELS}, got {plan}")
+    _cpu_plan[:] = plan
+
+
+def cpu_kernels() -> tuple[str, ...]:
+    return tuple(_cpu_plan)
+
+
+def calibrate_cpu_kernels(linears: list[Linear], repeats: int = 3) -> tuple[str, ...]:
+    """Times every kernel that applies over all of `linears` (a model's projections: their real
+    sizes and memory traffic) for 1..MAX_FLAT_ROWS rows, the best of `repeats` interleaved
+    passes, and uses the fastest for each row count (about a second for the default model)."""
+    import time
+
+    candidates = [k for k in CPU_KERNELS if k != "blocked" or all(lin.blocked is not None for lin in linears)]
+    plan = []
+    for rows in range(1, MAX_FLAT_ROWS + 1):
+        kernels = [k for k in candidates if k != "matvec" or rows == 1]
+        inputs = {d: torch.randn(rows, d, dtype=linears[0].weight.dtype) for d in {lin.weight.shape[1] for lin in linears}}
+        best = dict.fromkeys(kernels, float("inf"))
+        for attempt in range(repeats + 1):
+            for kernel in kernels:
+                start = time.perf_counter()
+                for lin in linears:
+                    lin.run(kernel, inputs[lin.weight.shape[1]])
+                if attempt:  # the first pass warms caches and oneDNN's primitives
+                    best[kernel] = min(best[kernel], time.perf_counter() - start)
+        plan.append(min(kernels, key=best.__getitem__))
+    use_cpu_kernels(tuple(plan))
+    return tuple(plan)
+
+
+def choose_cpu_kernels(linears: list[Linear]) -> tuple[str, ...]:
+    """$TANDEM_CPU_KERNELS where set (e.g. "blocked,blocked,blocked": the same choice on every
+    start), else measured on these projections (calibrate_cpu_kernels)."""
+    fixed = os.environ.get("TANDEM_CPU_KERNELS", "").strip()
+    if not fixed:
+        return calibrate_cpu_kernels(linears)
+    plan = tuple(k.strip() for k in fixed.split(","))
+    try:
+        use_cpu_kernels(plan)
+    except ValueError as e:
+        raise InvalidArgument(f"TANDEM_CPU_KERNELS: {e}") from None
+    return plan

@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
-from tandem.models.linear import MAX_FLAT_ROWS, make_linear, quantize_int8
+from tandem.errors import InvalidArgument
+from tandem.models.linear import (CPU_KERNELS, MAX_FLAT_ROWS, calibrate_cpu_kernels, choose_cpu_kernels, cpu_kernels,
+                                  make_linear, quantize_int8, use_cpu_kernels)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -73,3 +75,43 @@ def test_an_int8_row_does_not_depend_on_the_rest_of_its_batch(rows):
 def test_int8_projection_is_cpu_only():
     with pytest.raises(ValueError, match="CPU only"):
         quantize_int8(torch.empty(4, 4, device="meta"))
+
+
+@pytest.fixture
+def restored_plan():
+    before = cpu_kernels()
+    yield
+    use_cpu_kernels(before)
+
+
+@pytest.mark.parametrize("kernel", CPU_KERNELS)
+@pytest.mark.parametrize("rows", range(1, MAX_FLAT_ROWS + 1))
+def test_every_cpu_kernel_a_plan_may_name_computes_the_product(restored_plan, kernel, rows):
+    use_cpu_kernels((kernel,) * MAX_FLAT_ROWS)
+    g = torch.Generator().manual_seed(rows)
+    weight, bias, x = torch.randn(48, 40, generator=g), torch.randn(48, generator=g), torch.randn(rows, 40, generator=g)
+    assert_close(make_linear(weight, bias)(x), F.linear(x, weight, bias))
+
+
+def test_calibration_picks_a_kernel_per_row_count_and_uses_it(restored_plan):
+    linears = [make_linear(torch.randn(64, 32)), make_linear(torch.randn(32, 64))]
+    plan = calibrate_cpu_kernels(linears, repeats=1)
+    assert len(plan) == MAX_FLAT_ROWS and set(plan) <= set(CPU_KERNELS) and "matvec" not in plan[1:]
+    assert cpu_kernels() == plan
+    bf16 = [make_linear(torch.randn(64, 32).bfloat16())]  # no blocked copy: never chosen
+    assert "blocked" not in calibrate_cpu_kernels(bf16, repeats=1)
+
+
+def test_a_plan_names_known_kernels_for_each_flat_row_count(restored_plan):
+    for bad in [("matvec",), ("matvec", "flat", "fast")]:
+        with pytest.raises(ValueError, match="CPU kernel plan"):
+            use_cpu_kernels(bad)
+
+
+def test_tandem_cpu_kernels_fixes_the_plan_instead_of_measuring(restored_plan, monkeypatch):
+    linears = [make_linear(torch.randn(64, 32))]
+    monkeypatch.setenv("TANDEM_CPU_KERNELS", "flat, blocked,blocked")
+    assert choose_cpu_kernels(linears) == ("flat", "blocked", "blocked") == cpu_kernels()
+    monkeypatch.setenv("TANDEM_CPU_KERNELS", "fast,flat,flat")
+    with pytest.raises(InvalidArgument, match="TANDEM_CPU_KERNELS"):
+        choose_cpu_kernels(linears)
