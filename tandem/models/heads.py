@@ -27,6 +27,11 @@ decoding alone (the router's --spec-disable-batch-size 2): with 8 streams drafti
 0.91-0.98x plain greedy (0.81-0.87x at temperature 1), paused at 1.00-1.02x (16 questions; README
 Benchmarks). On GPUs the pause is off: where a large batch's verify stops paying there is not
 measured here.
+
+On an AMD EPYC (2 cores, AVX2), with the CPU kernels measured at load and the draft's lm_head in
+int8 (`--draft-lm-head-quant auto`, below), plain decoding ran at 19.5 tok/s and the same 2-node
+tree at 0.99x, chains of 1-4 at 0.82-0.94x (16 MT-bench questions x 128 tokens; README
+Benchmarks): still no reason for a third process by default.
 """
 
 from dataclasses import dataclass
