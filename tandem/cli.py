@@ -59,6 +59,8 @@ def _add_spec_flags(p: argparse.ArgumentParser, default: int | None = 4, help: s
 
 def _add_draft_shape_flags(p: argparse.ArgumentParser, device_defaults: bool = False) -> None:
     """device_defaults (tandem up): the tree flags default to the device's shape (tandem.models.heads)."""
+    from draft_service.config import LM_HEAD_QUANTS
+
     p.add_argument("--shape", default=_env("draft_shape", None), choices=["chain", "tree"],
                    help="draft shape (default: " + ("EAGLE the device's, a tree; Medusa tree" if device_defaults
                                                     else "the method's, draft_service.methods.DEFAULT_SHAPES") + ")")
@@ -71,7 +73,7 @@ def _add_draft_shape_flags(p: argparse.ArgumentParser, device_defaults: bool = F
     p.add_argument("--proposal-top-k", type=int, default=_env("proposal_top_k", 0),
                    help="sampled requests: the draft proposes from its top-k tokens, renormalised (0: all;"
                         " a cut proposal travels lighter but accepts less)")
-    p.add_argument("--draft-lm-head-quant", default=_env("draft_lm_head_quant", "auto"), choices=["auto", "int8", "none"],
+    p.add_argument("--draft-lm-head-quant", default=_env("draft_lm_head_quant", "auto"), choices=["auto", *LM_HEAD_QUANTS],
                    help="the draft's lm_head: int8 weights (CPU only; a draft step's largest read) or none (in --dtype);"
                         " auto: int8 on CPU. Drafts only propose: output is the target's either way")
     p.add_argument("--medusa-choices", default=_env("medusa_choices", ""),

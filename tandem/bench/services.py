@@ -132,8 +132,9 @@ def _start_tier(procs: list[subprocess.Popen], tier: list[tuple[int, list[str]]]
             procs.append(subprocess.Popen(cmd, env=env))
         if one_at_a_time:
             wait_healthy(f"127.0.0.1:{port}", procs)
-    for port, _ in tier:
-        wait_healthy(f"127.0.0.1:{port}", procs)
+    if not one_at_a_time:
+        for port, _ in tier:
+            wait_healthy(f"127.0.0.1:{port}", procs)
 
 
 @contextlib.contextmanager

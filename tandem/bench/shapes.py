@@ -10,6 +10,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 
+from draft_service.config import LM_HEAD_QUANTS
 from tandem.bench.services import StackSpec
 from tandem.bench.spec_modes import Mode
 from tandem.errors import InvalidArgument
@@ -18,7 +19,7 @@ from tandem.models.heads import DraftShape
 DEFAULT_SHAPES = "chain:1,chain:2,chain:3,tree:1:3:3,tree:2:2:4"
 
 
-QUANTS = ("auto", "int8", "none")  # --draft-lm-head-quant
+QUANTS = ("auto", *LM_HEAD_QUANTS)  # --draft-lm-head-quant
 
 
 @dataclass(frozen=True, slots=True)

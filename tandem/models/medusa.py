@@ -31,6 +31,7 @@ tree and the first N nodes are the tree to verify when N draft tokens a step are
 """
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from tandem.models.config import ModelConfig
 from tandem.models.eagle_io import read_draft_vocab, read_tensors
 from tandem.models.linear import Int8Linear, Linear, make_head_projection
 
+log = logging.getLogger(__name__)
 PREFIX = "medusa_head."
 # Read in this order; the first that exists wins (pytorch_model.bin first, as the EAGLE loader).
 WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors", "medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -210,6 +212,8 @@ def build_medusa_heads(config: MedusaConfig, state: dict[str, torch.Tensor], dty
     keep = slice(None) if vocab_ids is None else vocab_ids.cpu()  # rows of the CPU tensors read
     if own:
         lm_heads = torch.stack([state[k][keep].to(device=device, dtype=dtype).t() for k in heads]).contiguous()
+        if lm_head_int8:
+            log.warning("Medusa heads with lm_heads of their own keep them in %s: int8 applies to a shared lm_head", dtype)
         return MedusaHeads(config, blocks, biases, lm_heads, vocab_ids=vocab_ids)
     if target_lm_head is None:
         raise InvalidArgument("Medusa checkpoint has no lm_head weights and no target lm_head was given")

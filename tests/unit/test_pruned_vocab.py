@@ -80,14 +80,15 @@ def test_an_int8_lm_head_scores_the_pruned_vocabulary_close_to_fp32(tmp_path):
 
 
 @pytest.mark.parametrize("own_lm_head", [False, True])
-def test_int8_applies_to_a_shared_medusa_lm_head_only(tmp_path, own_lm_head):
+def test_int8_applies_to_a_shared_medusa_lm_head_only(tmp_path, own_lm_head, caplog):
     target = build_tiny_model(tmp_path / "tiny", seed=0)
     head_dir = random_medusa_checkpoint(tmp_path / "medusa", target, num_heads=3, seed=2, own_lm_head=own_lm_head)
     exact = load_medusa_heads(head_dir, target, dtype=torch.float32)
     int8 = load_medusa_heads(head_dir, target, dtype=torch.float32, lm_head_int8=True)
     features = torch.randn(4, exact.config.hidden_size)
     expected, got = exact.logits(features), int8.logits(features)
-    if own_lm_head:  # each head's own lm_head stays as it is
+    if own_lm_head:  # each head's own lm_head stays as it is, and the log says so
         torch.testing.assert_close(got, expected)
+        assert "int8 applies to a shared lm_head" in caplog.text
     else:
         assert 0 < (got - expected).abs().max() < 0.02 * expected.abs().max()
