@@ -18,12 +18,21 @@ log = logging.getLogger(__name__)
 
 # Tensors travel between the model services; the 4 MiB default is far too small.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+KEEPALIVE_MS = 30_000
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
 ]
-SERVER_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
+# A server counts pings closer than this (5 minutes by default) on a connection without data as
+# strikes and drops it with "Too many pings" after two: our long-lived Steps, Drafts and Peer
+# streams idle between requests while the other side pings every KEEPALIVE_MS. CI saw the
+# draft's peer stream dropped that way; so the servers accept the pings they are sent.
+SERVER_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    ("grpc.so_reuseport", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+]
 GRACE_SECONDS = 5.0
 
 

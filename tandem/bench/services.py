@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -13,7 +14,23 @@ from pathlib import Path
 from tandem.launcher import wait_healthy
 
 
+# Below Linux's ephemeral range (32768-60999): a port the kernel hands to bind(0) or to an
+# outgoing connection (every gRPC channel on loopback takes one) could be taken between this
+# check and the service's own bind; CI once lost a metrics port that way.
+_RESERVED_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
+    """A loopback port that was free just now, outside the ephemeral range."""
+    rng = random.Random()
+    for _ in range(64):
+        port = rng.choice(_RESERVED_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

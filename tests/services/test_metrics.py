@@ -2,7 +2,6 @@
 random EAGLE head): the figures are served, they move as requests run, and the Stats RPCs
 report the same numbers."""
 
-import socket
 import time
 import urllib.request
 
@@ -10,6 +9,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tandem.bench.services import free_port
 from tandem.models.eagle_io import random_eagle_checkpoint
 from tandem.testing.tiny import build_tiny_model
 from tandem.v1 import engine_pb2, engine_pb2_grpc
@@ -17,12 +17,6 @@ from tandem.v1 import generate_pb2 as pb
 from tests.services.harness import generate, start_services
 
 PROMPT = [5, 9, 3, 17, 2, 11, 4, 8, 6, 13]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
