@@ -7,6 +7,15 @@ import signal
 import sys
 from pathlib import Path
 
+# OpenMP workers (torch's CPU build uses GNU libgomp) busy-wait after each parallel region:
+# 300,000 spins by default, milliseconds on these cores. The three services hand the CPU to
+# one another every step, and each spinning worker took a core from the next process's forward
+# pass: with 2 cores an EAGLE verify served at 1.45x the target's own time. 3,000 spins (tens
+# of microseconds) still bridge the gaps between one forward pass's regions (a decode step
+# alone took as long) and are over before the next service starts. Read once, when libgomp
+# loads (with torch, after this); a value in the environment wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "3000")
+
 
 def _env(name: str, default):
     """TANDEM_<NAME> from the environment, cast to the default's type."""

@@ -1,6 +1,7 @@
 """The `tandem` parser: building it (every subcommand's flags) imports no torch or
 transformers, so `tandem health`, which compose's healthchecks run every few seconds, is fast."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,16 @@ def test_the_drafts_lm_head_is_int8_on_cpu_unless_told(monkeypatch):
     asked = build_parser().parse_args(["draft", "--draft-model", "/h", "--device", "cuda:0", "--draft-lm-head-quant", "int8"])
     with pytest.raises(InvalidArgument, match="CPU only"):
         draft_config(asked, Path("/m"))
+
+
+@pytest.mark.parametrize("given, expected", [(None, "3000"), ("77", "77")])
+def test_services_bound_openmp_spinning_unless_the_environment_says(given, expected):
+    """Each service process (python -m tandem.cli ...) shortens libgomp's busy-wait before torch
+    loads it (tandem.cli); a value the user set is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    if given is not None:
+        env["GOMP_SPINCOUNT"] = given
+    probe = "import os, sys, tandem.cli; assert 'torch' not in sys.modules; print(os.environ['GOMP_SPINCOUNT'])"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == expected
