@@ -35,7 +35,7 @@ def resolve_up_draft(args) -> argparse.Namespace:
     --tree-node-budget (Medusa's too: the nodes it keeps of its tree) and
     --spec-disable-batch-size take the device's."""
     shape = default_shape(args.device)
-    draft = default_draft(args.model is not None, args.device) if args.draft == "auto" else args.draft
+    draft = default_draft(args.model is not None) if args.draft == "auto" else args.draft
     chosen = {"draft": draft}
     if draft != "none" and args.draft_model is None and args.model is None:
         chosen["draft_model"] = shipped_head(draft)

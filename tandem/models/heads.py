@@ -13,25 +13,16 @@ here. `--draft medusa` on a GPU verifies the first 30 nodes of the Medusa head's
 same node budget; listed best first, tandem.models.medusa): walked 1.72 on questions 41-80,
 fit on 1-40.
 
-On a CPU it decodes plainly: here (SmolLM2-135M fp32, 2 cores, Intel Xeon) a decode step of one
-token takes 32 ms of target compute and a verify of two 37 ms (the kernels by row count in
-tandem.models.linear), the head's served depth-1 acceptance is about 0.35-0.5, and each step
-adds the draft's 5 ms and its RPC. The best shape measured, a depth-1 tree of the draft's 2 best
-tokens, gains 1.08-1.12x plain for one stream (head v5; all 80 MT-bench questions: 1.08x greedy
-and at temperature 1) and loses with concurrent streams, where a step verifies 3 tokens a
-sequence: not worth a third process by default. `--draft eagle` or `--draft medusa` without
-`--draft-model` serve the shipped heads anyway (the demo does, to show speculation at work), in
-the device's shape: on a CPU that depth-1 tree of 2 nodes (Medusa: the first 2 nodes of its tree; 3, 8 and 12
-nodes measured 0.94x, 0.93x and 0.87x plain against 1.02x for 2), drafting only for a stream
-decoding alone (the router's --spec-disable-batch-size 2): with 8 streams drafting runs at
-0.91-0.98x plain greedy (0.81-0.87x at temperature 1), paused at 1.00-1.02x (16 questions; README
-Benchmarks). On GPUs the pause is off: where a large batch's verify stops paying there is not
-measured here.
-
-On an AMD EPYC (2 cores, AVX2), with the CPU kernels measured at load and the draft's lm_head in
-int8 (`--draft-lm-head-quant auto`, below), plain decoding ran at 19.5 tok/s and the same 2-node
-tree at 0.99x, chains of 1-4 at 0.82-0.94x (16 MT-bench questions x 128 tokens; README
-Benchmarks): still no reason for a third process by default.
+On a CPU it drafts too, in an EAGLE-2 tree of depth 2 that keeps 4 nodes of each expanded node's
+top-2 children, and only for a stream decoding alone (the router's --spec-disable-batch-size 2:
+with concurrent streams a verify of several tokens a sequence costs more than the drafts save
+here). On an AMD EPYC of 2 cores (AVX-512), fp32, all 80 MT-bench first turns x 128 tokens,
+greedy, one stream: plain decoding 41.2 tok/s, that tree 50.1 (1.22x plain, 2.26x transformers'
+`generate`), accepting 1.78 tokens a verify; a chain of 2 46.2 (1.12x); on 16 questions the
+depth-1 tree of 2 nodes that was the CPU shape before gave 1.12x against this one's 1.21x
+(README: Benchmarks). Until the services bounded OpenMP's busy-waiting (tandem.cli) every shape
+lost on CPU (0.71-0.83x on the same machine), which is why CPUs decoded plainly by default.
+Medusa on a CPU takes the same depth and node count of its own tree.
 """
 
 from dataclasses import dataclass
@@ -51,15 +42,15 @@ class DraftShape:
     spec_disable_batch_size: int = 0  # the router's: steps decoding this many sequences draft nothing (0: never)
 
 
-CPU_SHAPE = DraftShape("tree", k=1, tree_top_k=2, tree_node_budget=2, spec_disable_batch_size=2)
+CPU_SHAPE = DraftShape("tree", k=2, tree_top_k=2, tree_node_budget=4, spec_disable_batch_size=2)
 GPU_SHAPE = DraftShape("tree", k=4, tree_top_k=8, tree_node_budget=30)
 SHIPPED = {"eagle": EAGLE_HEAD, "medusa": MEDUSA_HEAD}
 
 
-def default_draft(model_given: bool, device: str) -> str:
-    """The method `--draft auto` means: EAGLE with the shipped head for the default model on a
-    GPU; plain decoding on a CPU (see above), and for a model of the user's own (no head known)."""
-    return "none" if model_given or device == "cpu" or shipped_head("eagle") is None else "eagle"
+def default_draft(model_given: bool) -> str:
+    """The method `--draft auto` means: EAGLE with the shipped head for the default model, on any
+    device (in the device's shape); plain decoding for a model of the user's own (no head known)."""
+    return "none" if model_given or shipped_head("eagle") is None else "eagle"
 
 
 def lm_head_quant(asked: str, device: str) -> str:

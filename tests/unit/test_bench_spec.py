@@ -75,7 +75,7 @@ def test_shape_flags_not_given_take_the_shape_tandem_up_gives_the_device(tmp_pat
         cfg = _config(tmp_path, *flags)
         return cfg.spec_draft_length, cfg.tree_top_k, cfg.tree_node_budget
 
-    assert shape() == (1, 2, 2)  # a CPU: depth-1 trees of 2 nodes
+    assert shape() == (2, 2, 4)  # a CPU: depth-2 trees of 4 nodes
     assert shape("--device", "cuda:0") == (4, 8, 30)
     assert shape("--device", "cuda:0", "--tree-node-budget", "12", "--spec-draft-length", "3") == (3, 8, 12)
     assert _config(tmp_path).spec_disable_batch_size == CPU_SHAPE.spec_disable_batch_size

@@ -40,7 +40,7 @@ def _up(*flags: str, monkeypatch):
     return resolve_up_draft(build_parser().parse_args(["up", *flags]))
 
 
-def test_up_auto_drafts_with_the_shipped_eagle_head_on_gpus_and_decodes_plainly_on_cpu(monkeypatch):
+def test_up_auto_drafts_with_the_shipped_eagle_head_in_the_devices_shape(monkeypatch):
     from tandem.models.heads import EAGLE_HEAD
 
     gpu = _up("--device", "cuda", monkeypatch=monkeypatch)
@@ -48,20 +48,21 @@ def test_up_auto_drafts_with_the_shipped_eagle_head_on_gpus_and_decodes_plainly_
     assert (gpu.tree_top_k, gpu.tree_node_budget) == (8, 30)
     assert (EAGLE_HEAD / "config.json").is_file()
     cpu = _up(monkeypatch=monkeypatch)
-    assert cpu.draft == "none" and cpu.spec_draft_length == 1
+    assert (cpu.draft, cpu.draft_model, cpu.shape, cpu.spec_draft_length) == ("eagle", EAGLE_HEAD, "tree", 2)
+    assert (cpu.tree_top_k, cpu.tree_node_budget, cpu.spec_disable_batch_size) == (2, 4, 2)
 
 
 def test_up_named_method_takes_the_shipped_head_in_the_devices_shape(monkeypatch):
     from tandem.models.heads import EAGLE_HEAD, MEDUSA_HEAD
 
     eagle = _up("--draft", "eagle", monkeypatch=monkeypatch)
-    assert (eagle.draft_model, eagle.shape, eagle.spec_draft_length) == (EAGLE_HEAD, "tree", 1)
-    assert (eagle.tree_top_k, eagle.tree_node_budget) == (2, 2)  # on a CPU: the draft's 2 best tokens
+    assert (eagle.draft_model, eagle.shape, eagle.spec_draft_length) == (EAGLE_HEAD, "tree", 2)
+    assert (eagle.tree_top_k, eagle.tree_node_budget) == (2, 4)  # on a CPU: depth 2, the draft's 2 best tokens
     chain = _up("--draft", "eagle", "--shape", "chain", monkeypatch=monkeypatch)  # a shape of one's own is kept
-    assert (chain.shape, chain.spec_draft_length) == ("chain", 1)
+    assert (chain.shape, chain.spec_draft_length) == ("chain", 2)
     medusa = _up("--draft", "medusa", monkeypatch=monkeypatch)
     assert (medusa.draft_model, medusa.shape) == (MEDUSA_HEAD, None)  # Medusa's own default shape
-    assert (medusa.tree_node_budget, medusa.spec_draft_length) == (2, 1)  # the first 2 nodes of its tree
+    assert (medusa.tree_node_budget, medusa.spec_draft_length) == (4, 2)  # the first 4 nodes of its tree
     on_gpu = _up("--draft", "medusa", "--device", "cuda:1", monkeypatch=monkeypatch)
     assert (on_gpu.tree_node_budget, on_gpu.spec_draft_length) == (30, 4)  # the first 30 nodes of its tree
     mine = _up("--draft", "eagle", "--device", "cuda", "--tree-node-budget", "12", monkeypatch=monkeypatch)
@@ -82,12 +83,12 @@ def test_up_service_args_carry_the_chosen_draft(monkeypatch):
     from tandem.models.heads import CPU_SHAPE
 
     _, router, draft = service_args(_up("--draft", "eagle", monkeypatch=monkeypatch), Path("/models/default"))
-    assert router[router.index("--spec-draft-length") + 1] == "1"
+    assert router[router.index("--spec-draft-length") + 1] == "2"
     assert router[router.index("--spec-disable-batch-size") + 1] == str(CPU_SHAPE.spec_disable_batch_size)
     _, mine, _ = service_args(_up("--draft", "eagle", "--spec-disable-batch-size", "6", monkeypatch=monkeypatch), Path("/m"))
     assert mine[mine.index("--spec-disable-batch-size") + 1] == "6"
     assert draft[draft.index("--shape") + 1] == "tree"
-    assert draft[draft.index("--tree-node-budget") + 1] == "2"
+    assert draft[draft.index("--tree-node-budget") + 1] == "4"
     assert draft[draft.index("--draft-model") + 1].endswith("heads/eagle-smollm2-135m")
     assert draft[draft.index("--proposal-top-k") + 1] == "0"
     _, _, cut = service_args(_up("--draft", "eagle", "--proposal-top-k", "64", monkeypatch=monkeypatch), Path("/m"))
