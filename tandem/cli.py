@@ -311,9 +311,9 @@ def _up_parser(sub) -> None:
     _add_spec_flags(p, default=None, help="draft tokens per step (k; default: 1 on CPU, 4 on GPUs,"
                                           " tandem.models.heads says why)")
     p.add_argument("--draft", default=_env("draft", "auto"), choices=["auto", "none", *sorted(DRAFT_METHODS)],
-                   help="draft method (auto: on GPUs the shipped EAGLE head for the default model, in trees"
-                        " of depth 4; on CPU plain decoding: speculation gains under 1.15x for one stream here;"
-                        " tandem.models.heads says why)")
+                   help="draft method (auto: the shipped EAGLE head for the default model, in trees of depth 4"
+                        " on GPUs and of depth 2 on CPU, where it drafts for a stream decoding alone; none for a"
+                        " model of one's own; tandem.models.heads says why)")
     _add_draft_shape_flags(p, device_defaults=True)
     p.add_argument("--draft-model", default=_env("draft_model", None),
                    help="draft head checkpoint folder (default model: the shipped heads/<method>-smollm2-135m)")
