@@ -303,17 +303,18 @@ def _router_parser(sub) -> None:
 
 def _up_parser(sub) -> None:
     from draft_service.methods import DRAFT_METHODS
+    from tandem.models.heads import CPU_SHAPE, GPU_SHAPE
 
     p = sub.add_parser("up", help="target + router (+ draft) as local processes")
     _add_model_flags(p)
     _add_target_flags(p)
     _add_router_flags(p)
-    _add_spec_flags(p, default=None, help="draft tokens per step (k; default: 1 on CPU, 4 on GPUs,"
-                                          " tandem.models.heads says why)")
+    _add_spec_flags(p, default=None, help=f"draft tokens per step (k; default: {CPU_SHAPE.k} on CPU, {GPU_SHAPE.k}"
+                                          " on GPUs, tandem.models.heads says why)")
     p.add_argument("--draft", default=_env("draft", "auto"), choices=["auto", "none", *sorted(DRAFT_METHODS)],
-                   help="draft method (auto: the shipped EAGLE head for the default model, in trees of depth 4"
-                        " on GPUs and of depth 2 on CPU, where it drafts for a stream decoding alone; none for a"
-                        " model of one's own; tandem.models.heads says why)")
+                   help="draft method (auto: the shipped EAGLE head for the default model, in the device's"
+                        " trees, on CPU for a stream decoding alone; none for a model of one's own;"
+                        " tandem.models.heads says why)")
     _add_draft_shape_flags(p, device_defaults=True)
     p.add_argument("--draft-model", default=_env("draft_model", None),
                    help="draft head checkpoint folder (default model: the shipped heads/<method>-smollm2-135m)")
