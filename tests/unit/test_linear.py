@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 from tandem.errors import InvalidArgument
-from tandem.models.linear import (CPU_KERNELS, MAX_FLAT_ROWS, calibrate_cpu_kernels, choose_cpu_kernels, cpu_kernels,
-                                  make_linear, quantize_int8, use_cpu_kernels)
+from tandem.models.linear import (CALIBRATION_ATTEMPTS, CPU_KERNELS, MAX_FLAT_ROWS, calibrate_cpu_kernels,
+                                  choose_cpu_kernels, cpu_kernels, make_linear, quantize_int8, use_cpu_kernels)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -100,6 +100,38 @@ def test_calibration_picks_a_kernel_per_row_count_and_uses_it(restored_plan):
     assert cpu_kernels() == plan
     bf16 = [make_linear(torch.randn(64, 32).bfloat16())]  # no blocked copy: never chosen
     assert "blocked" not in calibrate_cpu_kernels(bf16, repeats=1)
+
+
+class _OthersClock:
+    """Other processes' CPU seconds as calibration reads them (twice an attempt): `busy`
+    attempts in which they took far more than a core, then quiet ones."""
+
+    def __init__(self, busy: int):
+        self.readings, self.busy, self.now = 0, busy, 0.0
+
+    def __call__(self) -> float:
+        self.readings += 1
+        if self.readings % 2 == 0 and self.readings // 2 <= self.busy:
+            self.now += 1000.0
+        return self.now
+
+
+def test_calibration_times_again_while_other_processes_compute(restored_plan, caplog):
+    linears = [make_linear(torch.randn(64, 32))]
+    clock = _OthersClock(busy=2)
+    plan = calibrate_cpu_kernels(linears, repeats=1, others_clock=clock)
+    assert clock.readings == 2 * 3 and cpu_kernels() == plan  # two busy attempts, then a quiet one
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    clock = _OthersClock(busy=CALIBRATION_ATTEMPTS)
+    calibrate_cpu_kernels(linears, repeats=1, others_clock=clock)
+    assert clock.readings == 2 * CALIBRATION_ATTEMPTS
+    assert any(r.levelname == "WARNING" and "TANDEM_CPU_KERNELS" in r.getMessage() for r in caplog.records)
+
+
+def test_calibration_without_a_busy_clock_measures_once(restored_plan):
+    calls = []
+    plan = calibrate_cpu_kernels([make_linear(torch.randn(64, 32))], repeats=1, others_clock=lambda: calls.append(1))
+    assert len(calls) == 1 and cpu_kernels() == plan
 
 
 def test_a_plan_names_known_kernels_for_each_flat_row_count(restored_plan):
