@@ -43,6 +43,9 @@ class DraftConfig:
     # int8 copy, one scale per row (CPU only; tandem.models.linear.Int8Linear), "none" in `dtype`.
     # Drafts only propose: verification stays the target's, lossless either way.
     lm_head_quant: str = "none"
+    # EAGLE: the head's own projections (fc and its decoder layer), "int8" or "none" as
+    # lm_head_quant (CPU only). Medusa's residual blocks stay in `dtype`.
+    head_quant: str = "none"
     # Medusa trees: a preset name of tandem.spec.token_tree or a JSON list of rank tuples.
     medusa_choices: str = ""
     # On a CUDA device, small steps replay captured CUDA graphs (tandem.models.cuda_graphs).
@@ -59,6 +62,10 @@ class DraftConfig:
             raise InvalidArgument(f"lm_head_quant must be one of {LM_HEAD_QUANTS}, got {self.lm_head_quant!r}")
         if self.lm_head_quant == "int8" and self.device != "cpu":
             raise InvalidArgument(f"an int8 lm_head runs on CPU only, not on {self.device}")
+        if self.head_quant not in LM_HEAD_QUANTS:
+            raise InvalidArgument(f"head_quant must be one of {LM_HEAD_QUANTS}, got {self.head_quant!r}")
+        if self.head_quant == "int8" and (self.device != "cpu" or self.method != "eagle"):
+            raise InvalidArgument(f"int8 head projections are an EAGLE head's, on CPU only, not {self.method} on {self.device}")
         if self.proposal_top_k < 0:
             raise InvalidArgument(f"proposal_top_k must be >= 0 (0: off), got {self.proposal_top_k}")
         if self.kv_cache_tokens < self.kv_page_size or self.kv_page_size <= 0:

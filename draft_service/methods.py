@@ -7,7 +7,8 @@ from pathlib import Path
 from tandem.errors import InvalidArgument
 
 
-def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False):
+def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False,
+               head_int8: bool = False):
     from tandem.attention.torch_backend import TorchAttention
     from tandem.models.config import ModelConfig
     from tandem.models.eagle import load_eagle_head
@@ -17,10 +18,13 @@ def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_he
     positions = ModelConfig.from_folder(target_dir).max_position_embeddings
     backend = TorchAttention(device)
     return load_eagle_head(model_dir, target_dir, dtype=parse_dtype(dtype), backend=backend, device=device,
-                           max_positions=positions, lm_head_int8=lm_head_int8)
+                           max_positions=positions, lm_head_int8=lm_head_int8, head_int8=head_int8)
 
 
-def load_medusa(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False):
+def load_medusa(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False,
+                head_int8: bool = False):
+    if head_int8:
+        raise InvalidArgument("int8 head projections are an EAGLE head's: Medusa's blocks stay in the model's dtype")
     from tandem.models.loader import parse_dtype
     from tandem.models.medusa import load_medusa_heads
 
@@ -35,7 +39,8 @@ DRAFT_METHODS = {"eagle": load_eagle, "medusa": load_medusa}
 DEFAULT_SHAPES = {"eagle": "chain", "medusa": "tree"}
 
 
-def load_draft_head(method: str, model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False):
+def load_draft_head(method: str, model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False,
+                    head_int8: bool = False):
     if method not in DRAFT_METHODS:
         raise InvalidArgument(f"draft method {method!r} is not one of {sorted(DRAFT_METHODS)}")
-    return DRAFT_METHODS[method](model_dir, target_dir, dtype, device, lm_head_int8)
+    return DRAFT_METHODS[method](model_dir, target_dir, dtype, device, lm_head_int8, head_int8)

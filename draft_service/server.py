@@ -56,7 +56,7 @@ def build_engine(config: DraftConfig, peer, tracing: Tracing | None = None) -> t
         raise InvalidArgument(f"draft method {config.method!r} is not one of {sorted(ENGINES)}")
     kind = ENGINES[config.method]
     head = load_draft_head(config.method, config.model_dir, config.target_model_dir, config.dtype, config.device,
-                           config.lm_head_quant == "int8")
+                           config.lm_head_quant == "int8", config.head_quant == "int8")
     return kind.engine(config, head, peer, tracing=tracing), kind
 
 

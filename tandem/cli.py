@@ -85,6 +85,9 @@ def _add_draft_shape_flags(p: argparse.ArgumentParser, device_defaults: bool = F
     p.add_argument("--draft-lm-head-quant", default=_env("draft_lm_head_quant", "auto"), choices=["auto", *LM_HEAD_QUANTS],
                    help="the draft's lm_head: int8 weights (CPU only; a draft step's largest read) or none (in --dtype);"
                         " auto: int8 on CPU. Drafts only propose: output is the target's either way")
+    p.add_argument("--draft-head-quant", default=_env("draft_head_quant", "auto"), choices=["auto", *LM_HEAD_QUANTS],
+                   help="an EAGLE head's own projections (fc and its decoder layer): int8 weights (CPU only) or none"
+                        " (in --dtype); auto: int8 on CPU. Output is the target's either way")
     p.add_argument("--medusa-choices", default=_env("medusa_choices", ""),
                    help="Medusa tree: a preset of tandem.spec.token_tree (small_static_tree) or a JSON list of"
                         " rank lists (default: a chain of all heads for --shape chain; for tree the head folder's"
@@ -150,7 +153,7 @@ def router_config(args, model: Path):
 def draft_config(args, model: Path):
     from draft_service.config import DraftConfig
     from draft_service.methods import DEFAULT_SHAPES
-    from tandem.models.heads import lm_head_quant
+    from tandem.models.heads import head_quant, lm_head_quant
 
     if not args.draft_model:
         raise SystemExit("tandem draft: --draft-model DIR (the draft head checkpoint) is required")
@@ -161,6 +164,7 @@ def draft_config(args, model: Path):
         tree_node_budget=args.tree_node_budget,
         proposal_top_k=args.proposal_top_k,
         lm_head_quant=lm_head_quant(args.draft_lm_head_quant, args.device),
+        head_quant=head_quant(args.draft_head_quant, args.device, args.method),
         medusa_choices=args.medusa_choices,
         model_dir=Path(args.draft_model),
         target_model_dir=model,

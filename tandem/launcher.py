@@ -81,7 +81,7 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
             "--target", f"{args.host}:{args.target_port}", "--threads", str(args.threads),
             "--tree-top-k", str(args.tree_top_k), "--tree-node-budget", str(args.tree_node_budget),
             "--proposal-top-k", str(args.proposal_top_k), "--medusa-choices", args.medusa_choices,
-            "--draft-lm-head-quant", args.draft_lm_head_quant,
+            "--draft-lm-head-quant", args.draft_lm_head_quant, "--draft-head-quant", args.draft_head_quant,
             "--metrics-port", str(args.draft_metrics_port),
         ]
         if args.shape:

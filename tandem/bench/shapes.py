@@ -19,39 +19,44 @@ from tandem.models.heads import DraftShape
 DEFAULT_SHAPES = "chain:1,chain:2,chain:3,tree:1:3:3,tree:2:2:4"
 
 
-QUANTS = ("auto", *LM_HEAD_QUANTS)  # --draft-lm-head-quant
+QUANTS = ("auto", *LM_HEAD_QUANTS)  # --draft-lm-head-quant, --draft-head-quant
 
 
 @dataclass(frozen=True, slots=True)
 class ShapeRow:
-    """One stack of the bench: a draft shape, and the draft's lm_head (--draft-lm-head-quant)."""
+    """One stack of the bench: a draft shape, the draft's lm_head (--draft-lm-head-quant) and
+    the head's own projections (--draft-head-quant)."""
 
     shape: DraftShape
     lm_head_quant: str = "auto"
+    head_quant: str = "auto"
 
 
 def add_shapes_flag(p) -> None:
     p.add_argument("--shapes", default=DEFAULT_SHAPES,
                    help="--mode shapes: comma-separated chain:K or tree:K:TOP_K:NODE_BUDGET, each optionally"
-                        " @int8 / @none / @auto (the draft's --draft-lm-head-quant; default auto) (default %(default)s);"
+                        " @LM_HEAD or @LM_HEAD/HEAD, each int8 / none / auto (the draft's --draft-lm-head-quant and"
+                        " --draft-head-quant; default auto) (default %(default)s);"
                         " the head is --eagle-head; --temperatures 0 --concurrency 1 for greedy batch 1 alone")
 
 
 def parse_shapes(text: str) -> list[ShapeRow]:
     rows = []
     for item in filter(None, (s.strip() for s in text.split(","))):
-        spec, _, quant = item.partition("@")
+        spec, _, quants = item.partition("@")
         kind, *numbers = spec.split(":")
         try:
             values = [int(n) for n in numbers]
         except ValueError:
             values = []
-        if quant and quant not in QUANTS:
-            raise InvalidArgument(f"--shapes: {item!r}: the lm_head after @ is one of {', '.join(QUANTS)}")
+        lm_head, _, head = quants.partition("/")
+        if not {lm_head, head} <= {"", *QUANTS} or (quants and not lm_head):
+            raise InvalidArgument(f"--shapes: {item!r}: after @ come LM_HEAD or LM_HEAD/HEAD, each one of {', '.join(QUANTS)}")
+        quant = {"lm_head_quant": lm_head or "auto", "head_quant": head or "auto"}
         if kind == "chain" and len(values) == 1 and values[0] >= 1:
-            rows.append(ShapeRow(DraftShape("chain", values[0]), quant or "auto"))
+            rows.append(ShapeRow(DraftShape("chain", values[0]), **quant))
         elif kind == "tree" and len(values) == 3 and min(values) >= 1:
-            rows.append(ShapeRow(DraftShape("tree", *values), quant or "auto"))
+            rows.append(ShapeRow(DraftShape("tree", *values), **quant))
         else:
             raise InvalidArgument(f"--shapes: {item!r} is neither chain:K nor tree:K:TOP_K:NODE_BUDGET")
     if not rows:
@@ -62,7 +67,8 @@ def parse_shapes(text: str) -> list[ShapeRow]:
 def shape_label(row: ShapeRow) -> str:
     s = row.shape
     label = f"chain k={s.k}" if s.shape == "chain" else f"tree depth<={s.k} top-{s.tree_top_k} {s.tree_node_budget} nodes"
-    return label if row.lm_head_quant == "auto" else f"{label}, lm_head {row.lm_head_quant}"
+    label += "" if row.lm_head_quant == "auto" else f", lm_head {row.lm_head_quant}"
+    return label if row.head_quant == "auto" else f"{label}, head {row.head_quant}"
 
 
 def shape_modes(head, rows: list[ShapeRow]) -> list[Mode]:
@@ -73,11 +79,12 @@ def shape_modes(head, rows: list[ShapeRow]) -> list[Mode]:
     for row in rows:
         s = row.shape
         draft = ("--method", "eagle", "--draft-model", str(head), "--shape", s.shape,
-                 "--draft-lm-head-quant", row.lm_head_quant)
+                 "--draft-lm-head-quant", row.lm_head_quant, "--draft-head-quant", row.head_quant)
         if s.shape == "tree":
             draft += ("--tree-top-k", str(s.tree_top_k), "--tree-node-budget", str(s.tree_node_budget))
         name = f"eagle_{s.shape}_{s.k}" + (f"_{s.tree_top_k}_{s.tree_node_budget}" if s.shape == "tree" else "")
         name += "" if row.lm_head_quant == "auto" else f"_{row.lm_head_quant}"
+        name += "" if row.head_quant == "auto" else f"_head_{row.head_quant}"
         modes.append(Mode(name, shape_label(row), f"EAGLE {shape_label(row)}",
                           StackSpec(draft=draft, router=("--spec-draft-length", str(s.k)))))
     return modes

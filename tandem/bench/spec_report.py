@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tandem.bench.machine import machine_facts
 from tandem.bench.spec_modes import SpecBenchConfig
-from tandem.models.heads import lm_head_quant
+from tandem.models.heads import head_quant, lm_head_quant
 
 NOTES = (
     "Every request generates exactly max_tokens tokens (eos ignored), in every mode.",
@@ -58,8 +58,10 @@ def build_report(cfg: SpecBenchConfig, model: Path, prompts: int, modes, rows: l
         "settings": {"spec_draft_length": cfg.spec_draft_length, "tree_top_k": cfg.tree_top_k,
                      "tree_node_budget": cfg.tree_node_budget, "spec_disable_batch_size": cfg.spec_disable_batch_size,
                      "lookup_tokens": cfg.lookup_tokens,
-                     # the drafts' lm_head as the draft services resolve --draft-lm-head-quant auto
-                     "draft_lm_head_quant": lm_head_quant("auto", cfg.devices.draft)},
+                     # the drafts' lm_head and EAGLE's own projections as the draft services resolve
+                     # --draft-lm-head-quant / --draft-head-quant auto
+                     "draft_lm_head_quant": lm_head_quant("auto", cfg.devices.draft),
+                     "eagle_head_quant": head_quant("auto", cfg.devices.draft, "eagle")},
         "modes": [{"name": m.name, "label": m.label, "how": m.how, "skipped": m.skipped or None} for m in modes],
         "duration_s": round(duration_s, 1),
         "machine": machine_facts(cfg.threads),

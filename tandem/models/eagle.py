@@ -27,7 +27,7 @@ from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
 from tandem.models.eagle_io import LAYER, read_draft_vocab, read_eagle_checkpoint, read_tensors
-from tandem.models.linear import Linear, choose_cpu_kernels, make_head_projection, make_linear
+from tandem.models.linear import Int8Linear, Linear, choose_cpu_kernels, make_head_projection
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
 from tandem.models.rope import inverse_frequencies, rope_tables, signed_sin
 
@@ -91,12 +91,13 @@ class EagleConfig:
 
 
 class EagleHead:
-    """Weights stored transposed, [in, out], like LlamaModel's. `layer.input_norm` is never read."""
+    """Projections in nn.Linear's [out, in] layout (tandem.models.linear), int8 or in the head's
+    dtype; `layer.input_norm` is never read."""
 
     def __init__(
         self,
         config: EagleConfig,
-        fc: Linear,  # 2D -> D: inputs 0..D-1 take the embedding, D..2D-1 the feature
+        fc: Linear | Int8Linear,  # 2D -> D: inputs 0..D-1 take the embedding, D..2D-1 the feature
         layer: LayerWeights,
         embed: torch.Tensor,  # [V, D], the target's
         lm_head: torch.Tensor,  # [V, D], the target's
@@ -116,7 +117,7 @@ class EagleHead:
         # rest of the vocabulary at -inf, so the draft never proposes what it was not trained on.
         self.vocab_ids = vocab_ids
         self.lm_head = make_head_projection(lm_head if vocab_ids is None else lm_head[vocab_ids], lm_head_int8)
-        self.dtype = fc.weight.dtype
+        self.dtype = layer.post_norm.dtype  # the head's compute dtype (int8 projections' too)
         self.rope_cos = rope_cos.to(self.dtype)
         self.rope_sin = signed_sin(rope_sin).to(self.dtype)
         self.backend = backend
@@ -153,9 +154,11 @@ class EagleHead:
 
 
 def build_head_weights(
-    config: EagleConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, device
-) -> tuple[Linear, LayerWeights]:
-    """(fc, layer) from a public state dict; checks every key and shape."""
+    config: EagleConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, device, int8: bool = False
+) -> tuple[Linear | Int8Linear, LayerWeights]:
+    """(fc, layer) from a public state dict; checks every key and shape. int8: the projections
+    hold int8 weights, one scale per row (CPU; tandem.models.linear.Int8Linear), norms and
+    biases stay in `dtype`."""
     if "d2t" in state or any(k.startswith("midlayer.") for k in state):
         raise InvalidArgument("this is an EAGLE-3 checkpoint (midlayer / d2t keys); only EAGLE-1/2 heads are supported")
     expected = _expected_shapes(config)
@@ -172,15 +175,16 @@ def build_head_weights(
     qkv_bias = None
     if config.qkv_bias:
         qkv_bias = torch.cat([take(p + f"{n}_proj.bias") for n in "qkv"])
+    project = lambda weight, bias=None: make_head_projection(weight, int8, bias)  # noqa: E731
     layer = LayerWeights(
         input_norm=torch.ones(config.hidden_size, dtype=dtype, device=device),  # unused
-        qkv=make_linear(torch.cat([take(p + f"{n}_proj.weight") for n in "qkv"]), qkv_bias),
-        o=make_linear(take(p + "o_proj.weight")),
+        qkv=project(torch.cat([take(p + f"{n}_proj.weight") for n in "qkv"]), qkv_bias),
+        o=project(take(p + "o_proj.weight")),
         post_norm=take(LAYER + "post_attention_layernorm.weight").contiguous(),
-        gate_up=make_linear(torch.cat([take(LAYER + "mlp.gate_proj.weight"), take(LAYER + "mlp.up_proj.weight")])),
-        down=make_linear(take(LAYER + "mlp.down_proj.weight")),
+        gate_up=project(torch.cat([take(LAYER + "mlp.gate_proj.weight"), take(LAYER + "mlp.up_proj.weight")])),
+        down=project(take(LAYER + "mlp.down_proj.weight")),
     )
-    return make_linear(take("fc.weight"), take("fc.bias") if config.fc_bias else None), layer
+    return project(take("fc.weight"), take("fc.bias") if config.fc_bias else None), layer
 
 
 def _expected_shapes(c: EagleConfig) -> dict[str, tuple[int, ...]]:
@@ -212,9 +216,12 @@ def load_eagle_head(
     device: torch.device | str = "cpu",
     max_positions: int | None = None,
     lm_head_int8: bool = False,
+    head_int8: bool = False,
 ) -> EagleHead:
     """The head of `head_dir` (public EAGLE-1/2 format) with the embedding and lm_head of the
-    target in `target_dir` (a safetensors folder, tied or not); rope from the head's config."""
+    target in `target_dir` (a safetensors folder, tied or not); rope from the head's config.
+    lm_head_int8 / head_int8: the (pruned) lm_head / the head's own projections (fc and its
+    layer) with int8 weights (CPU)."""
     raw, state = read_eagle_checkpoint(head_dir)
     config = EagleConfig.from_dict(raw)
     target = ModelConfig.from_folder(target_dir)
@@ -226,8 +233,8 @@ def load_eagle_head(
         raise InvalidArgument(
             f"EAGLE head vocab_size {config.vocab_size} does not match the target's {target.vocab_size}"
         )
-    fc, layer = build_head_weights(config, state, dtype, device)
-    if torch.device(device).type == "cpu":  # the draft process's own kernels, for its small weights
+    fc, layer = build_head_weights(config, state, dtype, device, head_int8)
+    if torch.device(device).type == "cpu" and not head_int8:  # the draft process's own kernels, for its small weights
         choose_cpu_kernels([fc, layer.qkv, layer.o, layer.gate_up, layer.down])
     embed, lm_head = _target_embeddings(target, Path(target_dir), dtype, device)
     inv_freq, scaling = _head_rope(Path(head_dir), raw)

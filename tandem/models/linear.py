@@ -83,14 +83,16 @@ class Int8Linear:
 
     weight: torch.Tensor  # [out, in] int8
     scales: torch.Tensor  # [out] bf16: row r of the real weight is weight[r] * scales[r]
+    bias: torch.Tensor | None = None  # [out], in the model's dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in] -> [M, out] in x's dtype."""
-        return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.scales).to(x.dtype)
+        y = torch._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.scales).to(x.dtype)
+        return y if self.bias is None else y + self.bias
 
 
-def quantize_int8(weight: torch.Tensor) -> Int8Linear:
-    """weight [out, in] (CPU) -> its symmetric per-row int8 quantization."""
+def quantize_int8(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
+    """weight [out, in] (CPU) -> its symmetric per-row int8 quantization; the bias is kept."""
     if weight.device.type != "cpu":
         raise ValueError(f"int8 projections run on CPU only, not {weight.device}")
     w = weight.float()
@@ -100,7 +102,7 @@ def quantize_int8(weight: torch.Tensor) -> Int8Linear:
     scales = wanted.to(torch.bfloat16)
     scales = torch.where(scales.float() < wanted, torch.nextafter(scales, torch.full_like(scales, float("inf"))), scales)
     q = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-    return Int8Linear(q, scales)
+    return Int8Linear(q, scales, None if bias is None else bias.contiguous())
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
@@ -112,9 +114,9 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linea
     return Linear(weight, None if bias is None else bias.contiguous(), blocked)
 
 
-def make_head_projection(weight: torch.Tensor, int8: bool) -> Linear | Int8Linear:
-    """A draft's lm_head: int8 (CPU; see Int8Linear) or as make_linear gives it."""
-    return quantize_int8(weight) if int8 else make_linear(weight)
+def make_head_projection(weight: torch.Tensor, int8: bool, bias: torch.Tensor | None = None) -> Linear | Int8Linear:
+    """A draft's projection: int8 (CPU; see Int8Linear) or as make_linear gives it."""
+    return quantize_int8(weight, bias) if int8 else make_linear(weight, bias)
 
 
 def use_cpu_kernels(plan: tuple[str, ...]) -> None:

@@ -113,6 +113,23 @@ def test_the_drafts_lm_head_is_int8_on_cpu_unless_told(monkeypatch):
         draft_config(asked, Path("/m"))
 
 
+def test_an_eagle_heads_own_projections_are_int8_on_cpu_unless_told(monkeypatch):
+    from tandem.launcher import service_args
+
+    def drafted(method, *flags):
+        _, _, draft = service_args(_up("--draft", method, *flags, monkeypatch=monkeypatch), Path("/m"))
+        return draft_config(build_parser().parse_args(["draft", *draft[1:]]), Path("/m")).head_quant
+
+    assert drafted("eagle") == "int8" and drafted("medusa") == "none"
+    assert drafted("eagle", "--draft-head-quant", "none") == "none"
+    on_gpu = build_parser().parse_args(["draft", "--draft-model", "/h", "--device", "cuda:0"])
+    assert draft_config(on_gpu, Path("/m")).head_quant == "none"
+    for asked in (["--device", "cuda:0"], ["--method", "medusa"]):
+        args = build_parser().parse_args(["draft", "--draft-model", "/h", *asked, "--draft-head-quant", "int8"])
+        with pytest.raises(InvalidArgument, match="EAGLE head's, on CPU only"):
+            draft_config(args, Path("/m"))
+
+
 @pytest.mark.parametrize("given, expected", [(None, "3000"), ("77", "77")])
 def test_services_bound_openmp_spinning_unless_the_environment_says(given, expected):
     """Each service process (python -m tandem.cli ...) shortens libgomp's busy-wait before torch

@@ -54,6 +54,14 @@ def test_int8_projection_is_close_to_the_fp32_product():
     assert not torch.equal(got, exact)  # it did quantize
 
 
+def test_an_int8_projection_adds_its_bias():
+    weight, bias = _scaled_weight(40, 16, seed=5), torch.randn(40)
+    x = torch.randn(3, 16)
+    q = quantize_int8(weight, bias)
+    assert_close(q(x), quantize_int8(weight)(x) + bias)
+    assert (q(x) - F.linear(x, weight, bias)).abs().max() < 0.02 * F.linear(x, weight).abs().max()
+
+
 def test_int8_scales_are_exact_in_bf16_and_fit_each_row():
     weight = _scaled_weight(200, 32, seed=3)
     q = quantize_int8(weight)

@@ -79,6 +79,33 @@ def test_an_int8_lm_head_scores_the_pruned_vocabulary_close_to_fp32(tmp_path):
     assert not torch.equal(got, expected)
 
 
+def test_int8_head_projections_predict_features_close_to_fp32(tmp_path):
+    """head_int8: fc and the decoder layer with int8 weights (norms and biases as they were)."""
+    from tandem.kv.batching import append_batch
+    from tandem.kv.cache import PagedKVCache
+    from tandem.models.linear import Int8Linear
+
+    target = build_tiny_model(tmp_path / "tiny", seed=0)
+    head_dir = random_eagle_checkpoint(tmp_path / "head", target, seed=1)
+    heads = [load_eagle_head(head_dir, target, dtype=torch.float32, backend=TorchAttention(), head_int8=int8)
+             for int8 in (False, True)]
+    layer = heads[1].layer
+    assert all(isinstance(p, Int8Linear) for p in (heads[1].fc, layer.qkv, layer.o, layer.gate_up, layer.down))
+    assert heads[1].dtype == torch.float32 and heads[1].fc.bias is not None
+    d, tokens = heads[0].config.hidden_size, [5, 9, 2, 7]
+    features = torch.randn(len(tokens), d, generator=torch.Generator().manual_seed(3))
+    out = []
+    for head in heads:
+        mc = head.model_config
+        cache = PagedKVCache(num_layers=1, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, num_pages=4,
+                             page_size=4, dtype=torch.float32)
+        cache.allocator.add(1)
+        batch, _ = append_batch(cache, head.backend, [(1, tokens)], None, torch.device("cpu"))
+        out.append(head.forward(torch.tensor(tokens), features, batch, cache))
+    assert out[1].dtype == torch.float32 and not torch.equal(out[0], out[1])
+    assert (out[1] - out[0]).abs().max() < 0.05 * out[0].abs().max()
+
+
 @pytest.mark.parametrize("own_lm_head", [False, True])
 def test_int8_applies_to_a_shared_medusa_lm_head_only(tmp_path, own_lm_head, caplog):
     target = build_tiny_model(tmp_path / "tiny", seed=0)
