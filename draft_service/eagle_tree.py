@@ -190,21 +190,18 @@ def _lineage(g: _Growth, c: int) -> set[int]:
 
 
 def _answer(growths, frontiers, head, states, top_k: int) -> None:
-    """Scores every frontier node's children in one lm_head call; records them as candidates."""
+    """Scores every frontier node's children in one lm_head call; records them as candidates.
+    Greedy rows of raw logits (no logit bias) rank the draft vocabulary's scores as they come:
+    their log-softmax is the whole row's, whose other tokens are at -inf. The others are widened
+    to the whole vocabulary and processed first."""
     rows = [(s, c) for s, frontier in frontiers.items() for c in frontier]
     features = torch.stack([growths[s].features[c] for s, c in rows])
-    processed = process_logits(head.logits(features), [states[s] for s, _ in rows])
-    greedy = [i for i, (s, _) in enumerate(rows) if not growths[s].sampled]
-    sampled = [i for i, (s, _) in enumerate(rows) if growths[s].sampled]
-    children = {}
-    if greedy:
-        children.update(zip(greedy, _top_children(processed[greedy], top_k)))
-    if sampled:
-        proposals = wire_proposal(probabilities(processed[sampled], [states[rows[i][0]] for i in sampled]))
-        for i, proposal in zip(sampled, proposals):
-            g = growths[rows[i][0]]
-            g.proposals.append(proposal)  # in frontier order: the sequence's expansion rows
-            children[i] = _drawn_children(proposal, top_k, states[rows[i][0]].generator)
+    scores = head.scores(features)
+    ranked = [i for i, (s, _) in enumerate(rows) if not growths[s].sampled and _raw(states[s])]
+    children = dict(zip(ranked, _top_children(scores[ranked], top_k, head.vocab_ids))) if ranked else {}
+    widened = [i for i in range(len(rows)) if i not in children]
+    if widened:
+        children.update(_widened_children(growths, rows, widened, head.widen(scores[widened]), states, top_k))
     answers = {s: [] for s in frontiers}
     for i, (s, c) in enumerate(rows):
         _add_children(growths[s], c, children[i][0].tolist())
@@ -213,9 +210,35 @@ def _answer(growths, frontiers, head, states, top_k: int) -> None:
         growths[s].answers.append(answer)
 
 
-def _top_children(processed: Tensor, top_k: int) -> list[tuple[Tensor, Tensor]]:
-    """Greedy rows [R, V]: each row's top-k tokens and their log-softmax scores."""
+def _raw(state: SamplingState) -> bool:
+    """Whether the state leaves logits as they are (penalties are off in every draft state)."""
+    return not state.params.logit_bias and not state.needs_penalties
+
+
+def _widened_children(growths, rows, widened: list[int], logits: Tensor, states, top_k: int) -> dict:
+    """The children of rows `widened` (indices into rows), from their logits over the whole
+    vocabulary [len(widened), V]: greedy rows' top-k, sampled rows' draws from the proposal."""
+    processed = process_logits(logits, [states[rows[i][0]] for i in widened])
+    greedy = [j for j, i in enumerate(widened) if not growths[rows[i][0]].sampled]
+    sampled = [j for j, i in enumerate(widened) if growths[rows[i][0]].sampled]
+    children = {}
+    if greedy:
+        children.update(zip([widened[j] for j in greedy], _top_children(processed[greedy], top_k)))
+    if sampled:
+        seqs = [rows[widened[j]][0] for j in sampled]
+        proposals = wire_proposal(probabilities(processed[sampled], [states[s] for s in seqs]))
+        for j, s, proposal in zip(sampled, seqs, proposals, strict=True):
+            growths[s].proposals.append(proposal)  # in frontier order: the sequence's expansion rows
+            children[widened[j]] = _drawn_children(proposal, top_k, states[s].generator)
+    return children
+
+
+def _top_children(processed: Tensor, top_k: int, vocab_ids: Tensor | None = None) -> list[tuple[Tensor, Tensor]]:
+    """Greedy rows [R, V] (or [R, V'] of a draft vocabulary, column j token vocab_ids[j]): each
+    row's top-k tokens and their log-softmax scores."""
     values, ids = torch.log_softmax(processed, dim=-1).topk(min(top_k, processed.shape[1]), dim=-1)
+    if vocab_ids is not None:
+        ids = vocab_ids[ids]
     out = []
     for row_values, row_ids in zip(values.cpu(), ids.cpu(), strict=True):
         keep = row_values > float("-inf")

@@ -145,10 +145,19 @@ class EagleHead:
     @torch.inference_mode()
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """features [S, D] (predicted, no norm applied) -> logits [S, V] in fp32."""
-        scores = self.lm_head(features).float()
+        return self.widen(self.scores(features))
+
+    @torch.inference_mode()
+    def scores(self, features: torch.Tensor) -> torch.Tensor:
+        """features [S, D] -> the draft vocabulary's logits [S, V'] in fp32: column j scores token
+        vocab_ids[j] (token j without a pruned vocabulary, V' = V)."""
+        return self.lm_head(features).float()
+
+    def widen(self, scores: torch.Tensor) -> torch.Tensor:
+        """scores [S, V'] -> logits [S, V], -inf outside the draft vocabulary."""
         if self.vocab_ids is None:
             return scores
-        logits = torch.full((features.shape[0], self.vocab_size), float("-inf"), device=features.device)
+        logits = torch.full((scores.shape[0], self.vocab_size), float("-inf"), device=scores.device)
         logits[:, self.vocab_ids] = scores
         return logits
 

@@ -111,9 +111,12 @@ class LogitsRecorder:
     def __getattr__(self, name):
         return getattr(self._head, name)
 
-    def logits(self, features):
+    def scores(self, features):
         self.rows.append(features.clone())
-        return self._head.logits(features)
+        return self._head.scores(features)
+
+    def logits(self, features):
+        return self._head.widen(self.scores(features))
 
 
 # -- tree attention over a trailing span of cached nodes -----------------------------------------

@@ -119,3 +119,32 @@ def test_int8_applies_to_a_shared_medusa_lm_head_only(tmp_path, own_lm_head, cap
         assert "int8 applies to a shared lm_head" in caplog.text
     else:
         assert 0 < (got - expected).abs().max() < 0.02 * expected.abs().max()
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["raw", "logit bias"])
+def test_greedy_tree_children_of_a_pruned_head_are_the_whole_rows_top_k(tmp_path, bias):
+    """Greedy rows without a logit bias rank the draft vocabulary's scores directly
+    (draft_service.eagle_tree); with one they are widened and biased first. Either way the
+    children are the top-k of the processed whole row, with its log-softmax scores."""
+    from draft_service.eagle_tree import TreeRoot, grow_trees
+    from tandem.sampling.params import SamplingParams
+    from tandem.sampling.sampler import process_logits
+    from tandem.sampling.state import SamplingState
+
+    target = build_tiny_model(tmp_path / "tiny", seed=0)
+    head_dir = random_eagle_checkpoint(tmp_path / "head", target, seed=1)
+    keep = torch.arange(0, 400, 3)
+    save_file({"d2t": keep - torch.arange(len(keep))}, str(head_dir / "d2t.safetensors"))
+    head = load_eagle_head(head_dir, target, dtype=torch.float32, backend=TorchAttention())
+    feature = torch.randn(head.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    favoured = int(keep[-1])
+    params = SamplingParams(temperature=0.0, logit_bias=((favoured, 1e3),) if bias else ())
+    state = SamplingState(params, head.config.vocab_size)
+    no_nodes = lambda items, trees: [torch.empty(0)] * len(items)  # noqa: E731 (depth 1: the root only)
+    tree = grow_trees({1: TreeRoot(7, feature, 10, 1)}, head, {1: state}, no_nodes, top_k=3, node_budget=3)[1]
+    whole = torch.log_softmax(process_logits(head.logits(feature[None]), [state])[0], dim=-1)
+    top = whole.topk(3)
+    assert list(tree.grown.tree.tokens[1:]) == top.indices.tolist()
+    torch.testing.assert_close(torch.tensor(tree.grown.scores[1:]), top.values, rtol=1e-5, atol=1e-5)
+    assert (favoured in tree.grown.tree.tokens[1:2]) == bias
+    assert set(tree.grown.tree.tokens[1:]) <= set(keep.tolist())
