@@ -18,7 +18,8 @@ top-2 children, and only for a stream decoding alone (the router's --spec-disabl
 with concurrent streams a verify of several tokens a sequence costs more than the drafts save
 here). On an AMD EPYC of 2 cores (AVX-512), fp32, all 80 MT-bench first turns x 128 tokens,
 greedy, one stream: plain decoding 41.2 tok/s, that tree 50.1 (1.22x plain, 2.26x transformers'
-`generate`), accepting 1.78 tokens a verify; a chain of 2 46.2 (1.12x); on 16 questions the
+`generate`), accepting 1.78 tokens a verify, and 1.29x / 2.52x once the draft's own step was cut
+(int8 projections, ranking the pruned vocabulary); a chain of 2 46.2 (1.12x); on 16 questions the
 depth-1 tree of 2 nodes that was the CPU shape before gave 1.12x against this one's 1.21x
 (README: Benchmarks). Until the services bounded OpenMP's busy-waiting (tandem.cli) every shape
 lost on CPU (0.71-0.83x on the same machine), which is why CPUs decoded plainly by default.
