@@ -2,7 +2,9 @@
 
 Linux's /proc/stat counts the machine's busy time; less this process's own CPU time, what is
 left is everyone else's. Timings that choose something for the lifetime of a process (the CPU
-kernels of tandem.models.linear) are taken again while it is high.
+kernels of tandem.models.linear) are taken again while it is high. /proc/stat counts in clock
+ticks per CPU (`resolution_s`), so over a short window the figure is coarse; in a container
+without lxcfs it is the host's, other tenants included.
 """
 
 import os
@@ -24,6 +26,11 @@ def machine_busy_s() -> float | None:
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def resolution_s() -> float:
+    """How far a difference of two machine_busy_s readings can be off: a tick on every CPU."""
+    return (os.cpu_count() or 1) / os.sysconf("SC_CLK_TCK")
 
 
 def others_busy_s() -> float | None:

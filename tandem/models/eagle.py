@@ -243,13 +243,17 @@ def load_eagle_head(
             f"EAGLE head vocab_size {config.vocab_size} does not match the target's {target.vocab_size}"
         )
     fc, layer = build_head_weights(config, state, dtype, device, head_int8)
-    if torch.device(device).type == "cpu" and not head_int8:  # the draft process's own kernels, for its small weights
-        choose_cpu_kernels([fc, layer.qkv, layer.o, layer.gate_up, layer.down])
     embed, lm_head = _target_embeddings(target, Path(target_dir), dtype, device)
     inv_freq, scaling = _head_rope(Path(head_dir), raw)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)
     vocab_ids = read_draft_vocab(Path(head_dir), config.vocab_size, device)
-    return EagleHead(config, fc, layer, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids, lm_head_int8)
+    head = EagleHead(config, fc, layer, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids, lm_head_int8)
+    if torch.device(device).type == "cpu":  # the draft process's own kernels: its small weights, else its lm_head
+        own = [p for p in (fc, layer.qkv, layer.o, layer.gate_up, layer.down) if isinstance(p, Linear)]
+        timed = own or [p for p in (head.lm_head,) if isinstance(p, Linear)]
+        if timed:
+            choose_cpu_kernels(timed)
+    return head
 
 
 def _target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tandem.cpu_load import BusyClock, others_busy_s
+from tandem.cpu_load import BusyClock, others_busy_s, resolution_s
 from tandem.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -138,15 +138,17 @@ def calibrate_cpu_kernels(linears: list[Linear], repeats: int = 3, others_clock:
     Other processes computing at the same time skew the choice, and it lasts the process's
     life: on a 2-core AMD EPYC with another process multiplying matrices, 7 calibrations in 8
     chose a one-row kernel 3x slower than the blocked one (a decode step twice as long). So
-    while others took more than QUIET_SHARE of a core's time, it measures again, up to
+    while others took more than QUIET_SHARE of a core's time (beyond what the busy clock's ticks
+    blur over a short timing: tandem.cpu_load.resolution_s), it measures again, up to
     CALIBRATION_ATTEMPTS times, then keeps the last choice with a warning."""
     for attempt in range(1, CALIBRATION_ATTEMPTS + 1):
         started, others = time.perf_counter(), others_clock()
         plan = _measure_cpu_kernels(linears, repeats)
         if others is None:
             break  # no way to tell (not Linux)
-        share = (others_clock() - others) / (time.perf_counter() - started)
-        if share <= QUIET_SHARE:
+        wall = time.perf_counter() - started
+        share = (others_clock() - others) / wall
+        if share <= QUIET_SHARE + resolution_s() / wall:  # a short timing's figure is coarse
             break
         if attempt < CALIBRATION_ATTEMPTS:
             log.info("CPU kernels: other processes took %.0f%% of a core while they were timed; timing again", 100 * share)
