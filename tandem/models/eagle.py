@@ -26,7 +26,7 @@ from tandem.attention.base import AttentionBackend
 from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
-from tandem.models.eagle_io import LAYER, read_draft_vocab, read_eagle_checkpoint, read_tensors
+from tandem.models.eagle_io import LAYER, read_draft_vocab, read_eagle_checkpoint, read_tensors, widen_vocab
 from tandem.models.linear import Int8Linear, Linear, choose_cpu_kernels, make_head_projection
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
 from tandem.models.rope import inverse_frequencies, rope_tables, signed_sin
@@ -155,11 +155,7 @@ class EagleHead:
 
     def widen(self, scores: torch.Tensor) -> torch.Tensor:
         """scores [S, V'] -> logits [S, V], -inf outside the draft vocabulary."""
-        if self.vocab_ids is None:
-            return scores
-        logits = torch.full((scores.shape[0], self.vocab_size), float("-inf"), device=scores.device)
-        logits[:, self.vocab_ids] = scores
-        return logits
+        return widen_vocab(scores, self.vocab_ids, self.vocab_size)
 
 
 def build_head_weights(

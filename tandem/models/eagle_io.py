@@ -69,6 +69,16 @@ def save_eagle_checkpoint(
     return out_dir
 
 
+def widen_vocab(scores: torch.Tensor, vocab_ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """scores [..., V'] over a pruned draft vocabulary (column j: token vocab_ids[j]) -> logits
+    [..., vocab_size], -inf outside it; scores as they are without a pruned vocabulary."""
+    if vocab_ids is None:
+        return scores
+    logits = torch.full((*scores.shape[:-1], vocab_size), float("-inf"), dtype=scores.dtype, device=scores.device)
+    logits[..., vocab_ids] = scores
+    return logits
+
+
 def read_draft_vocab(head_dir: Path, vocab_size: int, device="cpu") -> torch.Tensor | None:
     """The target ids of a head's pruned draft vocabulary (`d2t.safetensors`, EAGLE-3's map:
     draft token i is target token i + d2t[i]), or None for the full vocabulary."""

@@ -65,9 +65,7 @@ def lm_head_quant(asked: str, device: str) -> str:
 def head_quant(asked: str, device: str, method: str) -> str:
     """--draft-head-quant made concrete: auto is int8 for an EAGLE head on CPU, whose own
     projections a draft step reads once a pass (README: Benchmarks), and none elsewhere."""
-    if asked != "auto":
-        return asked
-    return "int8" if device == "cpu" and method == "eagle" else "none"
+    return lm_head_quant(asked, device) if asked != "auto" or method == "eagle" else "none"
 
 
 def shipped_head(method: str) -> Path | None:

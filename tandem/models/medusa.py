@@ -41,7 +41,7 @@ from safetensors.torch import load_file, save_file
 
 from tandem.errors import InvalidArgument
 from tandem.models.config import ModelConfig
-from tandem.models.eagle_io import read_draft_vocab, read_tensors
+from tandem.models.eagle_io import read_draft_vocab, read_tensors, widen_vocab
 from tandem.models.linear import Int8Linear, Linear, make_head_projection
 
 log = logging.getLogger(__name__)
@@ -133,12 +133,7 @@ class MedusaHeads:
             out = torch.bmm(x, self.lm_heads[:heads])  # [H, S, V']
         else:
             out = self.shared_lm_head(x.reshape(heads * rows, -1)).view(heads, rows, -1)
-        scores = out.transpose(0, 1).float()
-        if self.vocab_ids is None:
-            return scores
-        logits = torch.full((rows, heads, self.config.vocab_size), float("-inf"), device=scores.device)
-        logits[:, :, self.vocab_ids] = scores
-        return logits
+        return widen_vocab(out.transpose(0, 1).float(), self.vocab_ids, self.config.vocab_size)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Public key names and layout; no lm_head keys when the heads share the target's."""
