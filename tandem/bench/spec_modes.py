@@ -7,7 +7,7 @@ from pathlib import Path
 from tandem.bench.services import Devices, StackSpec
 from tandem.models.heads import EAGLE_HEAD as DEFAULT_EAGLE_HEAD
 from tandem.models.heads import MEDUSA_HEAD as DEFAULT_MEDUSA_HEAD
-from tandem.models.heads import device_shape_flags
+from tandem.models.heads import CPU_SHAPE, GPU_SHAPE, device_shape_flags
 
 TEMPERATURES = (0.0, 1.0)
 ROWS = ("hf_generate", "hf_prompt_lookup", "tandem_plain", "eagle_chain", "eagle_tree", "medusa")  # report order
@@ -17,12 +17,13 @@ def add_spec_flags(p) -> None:
     p.add_argument("--eagle-head", default=None, help=f"EAGLE head folder (default: {DEFAULT_EAGLE_HEAD})")
     p.add_argument("--medusa-head", default=None, help=f"Medusa head folder (default: {DEFAULT_MEDUSA_HEAD})")
     p.add_argument("--spec-draft-length", type=int, default=None,
-                   help="k: chain length, tree depth at most (default: the device's, CPU 1 / GPU 4)")
+                   help=f"k: chain length, tree depth at most (default: the device's, CPU {CPU_SHAPE.k} / GPU {GPU_SHAPE.k})")
     p.add_argument("--tree-top-k", type=int, default=None,
-                   help="EAGLE tree: frontier nodes and children per depth (default: the device's, CPU 2 / GPU 8)")
+                   help="EAGLE tree: frontier nodes and children per depth (default: the device's,"
+                        f" CPU {CPU_SHAPE.tree_top_k} / GPU {GPU_SHAPE.tree_top_k})")
     p.add_argument("--tree-node-budget", type=int, default=None,
                    help="trees: draft tokens per step (EAGLE: its most probable nodes; Medusa: the first nodes of its"
-                        " tree; default: the device's, CPU 2 / GPU 30)")
+                        f" tree; default: the device's, CPU {CPU_SHAPE.tree_node_budget} / GPU {GPU_SHAPE.tree_node_budget})")
     p.add_argument("--spec-disable-batch-size", type=int, default=None,
                    help="the routers' --spec-disable-batch-size (default: the device's, as tandem up)")
     p.add_argument("--lookup-tokens", type=int, default=10,

@@ -17,12 +17,16 @@ def _close(a: float, b: float, tol: float = 2e-3) -> bool:
 
 
 def test_bench_spec_reduced_writes_rows_plots_and_table(tmp_path):
+    # CPU defaults draft nothing in steps decoding 2 sequences (CPU_SHAPE): whether a batch-2 row
+    # then verifies any draft would hang on timing, so batch 2 drafts in every step here.
     out = tandem_cli("bench", "--mode", "spec", "--reduced", "--questions", str(PROMPTS), "--max-tokens", str(TOKENS),
-                     "--concurrency", "2", "--device", "cpu", "--out", str(tmp_path), timeout=600)
+                     "--concurrency", "2", "--device", "cpu", "--spec-disable-batch-size", "0",
+                     "--out", str(tmp_path), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads((tmp_path / "spec-reduced-latest.json").read_text())
     assert report["machine"]["cores"] >= 1 and report["prompts"] == PROMPTS
     assert report["devices"] == {"target": "cpu", "draft": "cpu", "cuda_graphs": False} and report["machine"]["gpus"] == []
+    assert report["settings"]["spec_disable_batch_size"] == 0
     rows = {(r["mode"], r["temperature"], r["batch"]): r for r in report["rows"]}
     assert set(rows) == {(m, t, b) for m in MODES for t in (0.0, 1.0) for b in (1, 2)}
     for key, r in rows.items():
