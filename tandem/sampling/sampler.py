@@ -6,8 +6,10 @@ Words:
 - probabilities `p`: the distribution a row is sampled from (`probabilities`): tempered, then
   filtered by top-k, top-p and min-p, renormalised; one-hot at the argmax for greedy rows.
   Lossless speculative verification compares draft probabilities against exactly this `p`.
-- draw: the exponential race (Gumbel-max): `token = argmax(p / E)`, `E ~ Exp(1)` drawn from the
-  row's own generator, so a row's token depends only on its generator and its own `p`.
+- draw: one token from `p` with the row's own generator, so that a row's token depends only on
+  its generator and its own `p`: on CPU by inverting the row's float64 CDF at one uniform, on
+  other devices by the exponential race (Gumbel-max) `argmax(p / E)`, `E ~ Exp(1)`. CPU draws
+  one Exp(1) variate in about 14 ns, 0.7 ms for a 49k vocabulary, against 35 us for the CDF.
 - logprobs: of the raw distribution, log_softmax of the raw logits (vLLM v1 "raw logprobs").
 """
 
@@ -170,19 +172,28 @@ def _keep_mask(sorted_probs: Tensor, params: Sequence[SamplingParams]) -> Tensor
 
 
 def draw(probs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
-    """Exponential race: one token per row, `argmax(p / E)`, E ~ Exp(1) from the row's generator.
-
-    probs: [R, V] non-negative, rows summing to 1. Returns [R] int64 token ids.
-    Row i's token depends only on `generators[i]` and `probs[i]`, never on the batch.
-    """
+    """One token per row from probs [R, V] (non-negative rows with positive mass, in any scale),
+    row i with `generators[i]`: its token depends only on that generator and probs[i], never on
+    the batch. Zero entries are never drawn. Returns [R] int64 token ids."""
     assert probs.dim() == 2 and probs.shape[0] == len(generators)
-    vocab_size = probs.shape[1]
+    if probs.device.type == "cpu":
+        return torch.cat([_inverse_cdf(row.double().cumsum(0), g) for row, g in zip(probs, generators, strict=True)])
     race = []
     for g in generators:
-        e = torch.empty(vocab_size, dtype=torch.float32, device=g.device).exponential_(generator=g)
+        e = torch.empty(probs.shape[1], dtype=torch.float32, device=g.device).exponential_(generator=g)
         race.append(e.clamp_min_(torch.finfo(torch.float32).tiny))  # never 0: p / 0 is NaN
     e = torch.stack(race).to(probs.device)  # [R, V]
     return (probs / e).argmax(dim=-1)
+
+
+def _inverse_cdf(cdf: Tensor, generator: torch.Generator) -> Tensor:
+    """[1]: the token whose CDF interval holds u * total, u ~ U[0, 1) from the generator. cdf:
+    [V] float64, nondecreasing. A zero entry's interval is empty (adding 0 is exact), so it is
+    never drawn; u stays below the total, so neither is the zero tail past the last positive."""
+    total = cdf[-1:]
+    u = torch.rand(1, dtype=torch.float64, generator=generator) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True)
 
 
 PROPOSAL_WIRE_DTYPE = torch.float16
@@ -190,8 +201,8 @@ PROPOSAL_WIRE_DTYPE = torch.float16
 
 def wire_proposal(q: Tensor) -> Tensor:
     """A draft's proposal rows as they travel to the target, in fp16 (half the bytes of fp32).
-    The draft draws from these rounded values, not from q: `draw`'s race is indifferent to a
-    row's scale, and the target verifies with the same values renormalised (`received_proposal`),
+    The draft draws from these rounded values, not from q: `draw` is indifferent to a row's
+    scale, and the target verifies with the same values renormalised (`received_proposal`),
     so rounding changes the proposal, never losslessness. Entries under fp16's range (< 6e-8)
     become 0 and are never drafted."""
     return q.to(PROPOSAL_WIRE_DTYPE)
@@ -209,14 +220,22 @@ def received_proposal(rows: Tensor) -> Tensor:
 
 def draw_without_replacement(probs: Tensor, k: int, generator: torch.Generator) -> Tensor:
     """Up to k distinct tokens drawn one after another from probs [V], each from probs with the
-    earlier ones removed and renormalised: the k first finishers of `draw`'s race (p / E, highest
-    first), raced over the positive entries only (a truncated proposal races a few dozen).
-    Returns [min(k, positive entries)] int64 token ids in draw order."""
+    earlier ones removed and renormalised. Returns [min(k, positive entries)] int64 token ids in
+    draw order. CPU: one inverse-CDF draw after another, each drawn token's entry zeroed; other
+    devices: the k first finishers of `draw`'s race (p / E, highest first), raced over the
+    positive entries only (a truncated proposal races a few dozen)."""
     assert probs.dim() == 1 and k >= 1
+    count = min(k, int(torch.count_nonzero(probs)))
+    if probs.device.type == "cpu":
+        rest, drawn = probs.to(torch.float64, copy=True), []
+        for _ in range(count):
+            drawn.append(_inverse_cdf(rest.cumsum(0), generator))
+            rest.index_fill_(0, drawn[-1], 0.0)
+        return torch.cat(drawn) if drawn else torch.zeros(0, dtype=torch.int64)
     support = probs.nonzero().flatten()
     e = torch.empty(len(support), dtype=torch.float32, device=generator.device).exponential_(generator=generator)
     keys = probs[support].float() / e.clamp_min_(torch.finfo(torch.float32).tiny).to(probs.device)
-    return support[keys.topk(min(k, len(support))).indices]
+    return support[keys.topk(count).indices]
 
 
 def sample(logits: Tensor, states: Sequence[SamplingState]) -> SampleResult:
