@@ -176,8 +176,15 @@ def draw(probs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
     row i with `generators[i]`: its token depends only on that generator and probs[i], never on
     the batch. Zero entries are never drawn. Returns [R] int64 token ids."""
     assert probs.dim() == 2 and probs.shape[0] == len(generators)
-    if probs.device.type == "cpu":
-        return torch.cat([_inverse_cdf(row.double().cumsum(0), g) for row, g in zip(probs, generators, strict=True)])
+    return (_cdf_draws if probs.device.type == "cpu" else _race_draws)(probs, generators)
+
+
+def _cdf_draws(probs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
+    return torch.cat([_inverse_cdf(row.double().cumsum(0), g) for row, g in zip(probs, generators, strict=True)])
+
+
+def _race_draws(probs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
+    """argmax(p / E), E ~ Exp(1) from each row's generator."""
     race = []
     for g in generators:
         e = torch.empty(probs.shape[1], dtype=torch.float32, device=g.device).exponential_(generator=g)
@@ -221,17 +228,28 @@ def received_proposal(rows: Tensor) -> Tensor:
 def draw_without_replacement(probs: Tensor, k: int, generator: torch.Generator) -> Tensor:
     """Up to k distinct tokens drawn one after another from probs [V], each from probs with the
     earlier ones removed and renormalised. Returns [min(k, positive entries)] int64 token ids in
-    draw order. CPU: one inverse-CDF draw after another, each drawn token's entry zeroed; other
-    devices: the k first finishers of `draw`'s race (p / E, highest first), raced over the
-    positive entries only (a truncated proposal races a few dozen)."""
+    draw order."""
     assert probs.dim() == 1 and k >= 1
     count = min(k, int(torch.count_nonzero(probs)))
-    if probs.device.type == "cpu":
-        rest, drawn = probs.to(torch.float64, copy=True), []
-        for _ in range(count):
-            drawn.append(_inverse_cdf(rest.cumsum(0), generator))
-            rest.index_fill_(0, drawn[-1], 0.0)
-        return torch.cat(drawn) if drawn else torch.zeros(0, dtype=torch.int64)
+    return _distinct_draws(probs.device)(probs, count, generator)
+
+
+def _distinct_draws(device: torch.device):
+    return _cdf_distinct if device.type == "cpu" else _race_distinct
+
+
+def _cdf_distinct(probs: Tensor, count: int, generator: torch.Generator) -> Tensor:
+    """One inverse-CDF draw after another, each drawn token's entry zeroed."""
+    rest, drawn = probs.to(torch.float64, copy=True), [torch.zeros(0, dtype=torch.int64)]
+    for _ in range(count):
+        drawn.append(_inverse_cdf(rest.cumsum(0), generator))
+        rest.index_fill_(0, drawn[-1], 0.0)
+    return torch.cat(drawn)
+
+
+def _race_distinct(probs: Tensor, count: int, generator: torch.Generator) -> Tensor:
+    """The `count` first finishers of `_race_draws`'s race (p / E, highest first), raced over the
+    positive entries only (a truncated proposal races a few dozen)."""
     support = probs.nonzero().flatten()
     e = torch.empty(len(support), dtype=torch.float32, device=generator.device).exponential_(generator=generator)
     keys = probs[support].float() / e.clamp_min_(torch.finfo(torch.float32).tiny).to(probs.device)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tandem.errors import FailedPrecondition, InvalidArgument
+from tandem.sampling import sampler
 from tandem.sampling.params import MAX_TOP_LOGPROBS, SamplingParams
 from tandem.sampling.sampler import (draw_without_replacement, probabilities, process_logits, received_proposal, sample,
                                      wire_proposal)
@@ -285,8 +286,11 @@ def test_unseeded_states_get_their_own_streams():
     assert a.generator.initial_seed() != b.generator.initial_seed()
 
 
-def test_draw_without_replacement_draws_in_order_from_the_rest():
-    """Ordered pairs (a, b) come with probability q(a) q(b) / (1 - q(a)); zeros never come."""
+@pytest.mark.parametrize("distinct", [sampler._cdf_distinct, sampler._race_distinct], ids=["cdf", "race"])
+def test_draw_without_replacement_draws_in_order_from_the_rest(distinct, monkeypatch):
+    """Ordered pairs (a, b) come with probability q(a) q(b) / (1 - q(a)); zeros never come. Both
+    methods (CPU inverts the CDF, other devices race) run here."""
+    monkeypatch.setattr(sampler, "_distinct_draws", lambda device: distinct)
     q = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05])
     g = torch.Generator().manual_seed(0)
     n, counts = 20000, {}
@@ -301,6 +305,36 @@ def test_draw_without_replacement_draws_in_order_from_the_rest():
     assert draw_without_replacement(q, 10, g).tolist().__len__() == 4  # only the positive entries
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
     assert torch.equal(draw_without_replacement(q, 3, g1), draw_without_replacement(q, 3, g2))
+
+
+@pytest.mark.parametrize("draws", [sampler._cdf_draws, sampler._race_draws], ids=["cdf", "race"])
+def test_both_draw_methods_follow_the_row_in_any_scale(draws):
+    """Rows of any positive scale (fp16 wire rows are not renormalised before a draw); zeros never
+    come; a row's tokens depend on its generator only."""
+    q = torch.tensor([[0.0, 3.0, 0.0, 1.0, 4.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 2.5]])
+    gens = [torch.Generator().manual_seed(5), torch.Generator().manual_seed(6)]
+    n = 20000
+    got = torch.stack([draws(q, gens) for _ in range(n)])  # [n, 2]
+    assert (got[:, 1] == 5).all()
+    counts = torch.bincount(got[:, 0], minlength=6).float() / n
+    tv = 0.5 * float((counts - q[0] / q[0].sum()).abs().sum())
+    assert tv < 3 * math.sqrt(3 / n), tv
+    alone = draws(q[:1], [torch.Generator().manual_seed(5)])
+    assert alone.tolist() == [int(got[0, 0])]
+
+
+def test_cdf_draws_never_land_on_zeros_of_a_wide_sparse_row():
+    """A whole vocabulary's fp16 row, 1% of it positive, zeros at both ends: the empty CDF
+    intervals of the zeros, the tail past the last positive entry included, are never hit."""
+    g = torch.Generator().manual_seed(11)
+    mask = torch.rand(49152, generator=g) < 0.01
+    row = (torch.rand(49152, generator=g) * mask).half()
+    row[0] = row[-200:] = 0
+    single = torch.cat([sampler.draw(row[None], [g]) for _ in range(5000)])
+    assert (row[single] > 0).all()
+    for _ in range(500):
+        drawn = draw_without_replacement(row, 4, g)
+        assert (row[drawn] > 0).all() and len(set(drawn.tolist())) == 4
 
 
 def test_wire_proposals_are_what_the_draft_draws_from_and_the_target_verifies_with():
