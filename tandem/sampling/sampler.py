@@ -85,9 +85,11 @@ def probabilities(processed: Tensor, states: Sequence[SamplingState]) -> Tensor:
     Greedy rows: one-hot at the argmax (ties: lowest id).
     """
     assert processed.dim() == 2 and processed.shape[0] == len(states)
+    sampled = [i for i, s in enumerate(states) if not s.params.greedy]
+    if len(sampled) == len(states):  # no copies of rows in and out (1 ms of 2.5 at 8 x 49k rows)
+        return _filtered_softmax(processed.float(), [s.params for s in states])
     probs = torch.zeros_like(processed, dtype=torch.float32)
     greedy = [i for i, s in enumerate(states) if s.params.greedy]
-    sampled = [i for i, s in enumerate(states) if not s.params.greedy]
     if greedy:
         rows = _long(greedy, processed.device)
         probs[rows, processed[rows].argmax(dim=-1)] = 1.0
@@ -180,7 +182,7 @@ def draw(probs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
 
 
 def _cdf_draws(probs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
-    return torch.cat([_inverse_cdf(row.double().cumsum(0), g) for row, g in zip(probs, generators, strict=True)])
+    return torch.cat([_inverse_cdf(row.cumsum(0, dtype=torch.float64), g) for row, g in zip(probs, generators, strict=True)])
 
 
 def _race_draws(probs: Tensor, generators: Sequence[torch.Generator]) -> Tensor:
