@@ -245,15 +245,18 @@ def draft_probs_to_pb(d: DraftProbs) -> pb.DraftToTarget:
 
 
 def _probs_to_pb(seq_id: int, probs) -> pb.SeqDraftProbs:
-    """Sparse when under a quarter of the entries are nonzero (a cut proposal), else the nonzero
-    rows (a tree's leaves have none), else dense."""
-    flat = probs.flatten()
-    if 4 * int(torch.count_nonzero(flat)) < len(flat):  # counted first: whole rows would make millions of indices
+    """The nonzero entries (sparse) when they take under half the bytes of the nonzero rows
+    (a cut proposal; building their index costs a pass of its own), else the nonzero rows (a
+    tree's leaves have none; a pruned draft vocabulary fills a third of each), else dense."""
+    per_row = torch.count_nonzero(probs, dim=-1)
+    rows = per_row.nonzero().flatten()
+    size = probs.element_size()
+    if 2 * int(per_row.sum()) * (4 + size) < len(rows) * probs.shape[1] * size:
+        flat = probs.flatten()
         index = flat.nonzero().flatten()
         small = index.to(torch.int32) if len(flat) <= torch.iinfo(torch.int32).max else index
         return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), flat_index=tensor_to_pb(small),
                                 values=tensor_to_pb(flat[index]))
-    rows = (probs != 0).any(dim=-1).nonzero().flatten()
     if len(rows) == len(probs):
         return pb.SeqDraftProbs(seq_id=seq_id, probs=tensor_to_pb(probs))
     return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), rows=rows.tolist(), probs=tensor_to_pb(probs[rows]))

@@ -50,6 +50,18 @@ def test_a_trees_rows_travel_in_fp16_without_its_leaves():
     assert not message.seqs[0].rows and torch.equal(codec.draft_probs_from_pb(message).probs[1], full)
 
 
+def test_rows_a_third_full_travel_as_rows_not_as_indexed_entries():
+    """A pruned draft vocabulary fills a third of each expanded row: indexed entries would cost
+    as many bytes as the rows, and a pass over the whole tensor to build the index."""
+    rows = torch.zeros(5, 999, dtype=torch.float16)
+    rows[:3, ::3] = 0.001
+    message = codec.draft_probs_to_pb(DraftProbs(2, {1: rows}))
+    assert list(message.seqs[0].rows) == [0, 1, 2] and not message.seqs[0].HasField("values")
+    assert torch.equal(codec.draft_probs_from_pb(message).probs[1], rows)
+    rows[:3, 3:] = 0  # one entry a row: indexed
+    assert codec.draft_probs_to_pb(DraftProbs(2, {1: rows})).seqs[0].HasField("values")
+
+
 def test_draft_probs_that_do_not_fit_their_shape_are_invalid_arguments():
     rows = torch.zeros(4, 100)
     rows[1] = 0.01
