@@ -6,6 +6,7 @@ import queue
 import threading
 
 import grpc
+import torch
 
 from tandem import codec
 from tandem.errors import Unavailable
@@ -27,16 +28,24 @@ class DraftPeer:
         self._trace_contexts: dict[int, tuple[tuple[str, str], ...]] = {}  # step id -> W3C headers
         self._connected = False
         self._cond = threading.Condition()
-        self._outgoing: queue.Queue | None = None
+        self._outgoing: tuple[queue.Queue, torch.Tensor | None] | None = None  # this stream's queue, its columns
         self._stop = threading.Event()
+        self.columns: torch.Tensor | None = None  # a pruned draft vocabulary's token ids (use_columns)
+
+    def use_columns(self, columns: torch.Tensor | None) -> None:
+        """The token ids of the draft's pruned vocabulary, outside which its proposals are zero:
+        each stream opened from now on sends them first, then proposal rows as their entries
+        only (a third of this model's vocabulary on the wire). Sent sorted, as the target wants."""
+        self.columns = None if columns is None else torch.unique(columns)
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="draft-peer", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._outgoing is not None:
-            self._outgoing.put(None)
+        outgoing = self._outgoing
+        if outgoing is not None:
+            outgoing[0].put(None)
 
     @property
     def connected(self) -> bool:
@@ -76,9 +85,10 @@ class DraftPeer:
                 del self._pending[seq_id]
 
     def send_probs(self, probs: DraftProbs) -> None:
-        out = self._outgoing
-        if out is not None:
-            out.put(codec.draft_probs_to_pb(probs))
+        outgoing = self._outgoing
+        if outgoing is not None:
+            out, columns = outgoing
+            out.put(codec.draft_probs_to_pb(probs, columns))
 
     def _run(self) -> None:
         one_torch_thread()  # it decodes hidden states while the target computes
@@ -98,7 +108,10 @@ class DraftPeer:
         with grpc.insecure_channel(self.target_address, options=CHANNEL_OPTIONS) as channel:
             grpc.channel_ready_future(channel).result(timeout=30)
             out: queue.Queue = queue.Queue()
-            self._outgoing = out
+            columns = self.columns
+            if columns is not None:
+                out.put(codec.columns_to_pb(columns))  # before any rows on them
+            self._outgoing = (out, columns)
             requests = iter(out.get, None)
             stream = engine_pb2_grpc.TargetEngineStub(channel).Peer(requests)
             try:

@@ -240,33 +240,72 @@ def hidden_step_from_pb(m: pb.TargetToDraft, device="cpu") -> HiddenStep:
     return HiddenStep(m.step_id, seqs, tuple(m.trace_context.items()))
 
 
-def draft_probs_to_pb(d: DraftProbs) -> pb.DraftToTarget:
-    return pb.DraftToTarget(draft_step_id=d.draft_step_id, seqs=[_probs_to_pb(s, p) for s, p in d.probs.items()])
+def draft_probs_to_pb(d: DraftProbs, columns: torch.Tensor | None = None) -> pb.DraftToTarget:
+    """columns: the token ids the stream's columns stand for (a pruned draft vocabulary, sent
+    first by `columns_to_pb`): rows whose entries all lie in them travel as those entries."""
+    return pb.DraftToTarget(draft_step_id=d.draft_step_id,
+                            seqs=[_probs_to_pb(s, p, columns) for s, p in d.probs.items()])
 
 
-def _probs_to_pb(seq_id: int, probs) -> pb.SeqDraftProbs:
+def columns_to_pb(columns: torch.Tensor) -> pb.DraftToTarget:
+    return pb.DraftToTarget(columns=tensor_to_pb(columns.to(torch.int32)))
+
+
+def columns_from_pb(m: pb.DraftToTarget) -> torch.Tensor:
+    """The stream's columns, int64 [C]; InvalidArgument unless ascending token ids."""
+    columns = tensor_from_pb(m.columns)
+    if (columns.is_floating_point() or columns.dim() != 1 or not len(columns) or int(columns[0]) < 0
+            or not bool((columns[1:] > columns[:-1]).all())):
+        raise InvalidArgument(f"draft columns: {list(columns.shape)} {m.columns.dtype} entries are not ascending token ids")
+    return columns.long()
+
+
+def _probs_to_pb(seq_id: int, probs, columns: torch.Tensor | None = None) -> pb.SeqDraftProbs:
     """The nonzero entries (sparse) when they take under half the bytes of the nonzero rows
-    (a cut proposal; building their index costs a pass of its own), else the nonzero rows (a
-    tree's leaves have none; a pruned draft vocabulary fills a third of each), else dense."""
+    (a cut proposal; building their index costs a pass of its own), else the nonzero rows on the
+    stream's columns when nothing lies outside them (a pruned draft vocabulary), else the nonzero
+    rows (a tree's leaves have none), else dense."""
     per_row = torch.count_nonzero(probs, dim=-1)
     rows = per_row.nonzero().flatten()
-    size = probs.element_size()
-    if 2 * int(per_row.sum()) * (4 + size) < len(rows) * probs.shape[1] * size:
+    size, nonzero = probs.element_size(), int(per_row.sum())
+    if 2 * nonzero * (4 + size) < len(rows) * probs.shape[1] * size:
         flat = probs.flatten()
         index = flat.nonzero().flatten()
         small = index.to(torch.int32) if len(flat) <= torch.iinfo(torch.int32).max else index
         return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), flat_index=tensor_to_pb(small),
                                 values=tensor_to_pb(flat[index]))
+    if columns is not None and len(columns) < probs.shape[1]:
+        kept = probs.index_select(0, rows).index_select(1, columns)
+        if int(torch.count_nonzero(kept)) == nonzero:  # nothing outside the columns
+            return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), rows=rows.tolist(),
+                                    probs=tensor_to_pb(kept), on_columns=True)
     if len(rows) == len(probs):
         return pb.SeqDraftProbs(seq_id=seq_id, probs=tensor_to_pb(probs))
     return pb.SeqDraftProbs(seq_id=seq_id, shape=list(probs.shape), rows=rows.tolist(), probs=tensor_to_pb(probs[rows]))
 
 
-def draft_probs_from_pb(m: pb.DraftToTarget, device="cpu") -> DraftProbs:
-    return DraftProbs(m.draft_step_id, {s.seq_id: _probs_from_pb(s, device) for s in m.seqs})
+def _columns_from_pb(m: pb.SeqDraftProbs, device, columns: torch.Tensor | None):
+    if columns is None:
+        raise InvalidArgument("draft probabilities on columns the stream never sent")
+    kept = tensor_from_pb(m.probs, device)
+    if (len(m.shape) != 2 or kept.shape != (len(m.rows), len(columns)) or not m.rows
+            or max(m.rows) >= m.shape[0] or int(columns[-1]) >= m.shape[1]):
+        raise InvalidArgument(f"draft probabilities: {len(m.rows)} rows of {len(columns)} columns, shaped"
+                              f" {list(kept.shape)}, do not fit {list(m.shape)}")
+    dense = torch.zeros(tuple(m.shape), dtype=kept.dtype, device=device)
+    rows = torch.tensor(list(m.rows), dtype=torch.int64, device=device)
+    dense[rows[:, None], columns.to(device)[None, :]] = kept
+    return dense
 
 
-def _probs_from_pb(m: pb.SeqDraftProbs, device):
+def draft_probs_from_pb(m: pb.DraftToTarget, device="cpu", columns: torch.Tensor | None = None) -> DraftProbs:
+    """columns: the stream's (`columns_from_pb`), for rows sent on them."""
+    return DraftProbs(m.draft_step_id, {s.seq_id: _probs_from_pb(s, device, columns) for s in m.seqs})
+
+
+def _probs_from_pb(m: pb.SeqDraftProbs, device, columns: torch.Tensor | None = None):
+    if m.on_columns:
+        return _columns_from_pb(m, device, columns)
     if m.HasField("probs") and not m.rows:
         return tensor_from_pb(m.probs, device)
     if m.HasField("probs"):

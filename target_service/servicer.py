@@ -83,10 +83,15 @@ def compute_thread(name: str, threads: int) -> ThreadPoolExecutor:
 
 def _read_probs(peer: TargetPeer, request_iterator, out: queue.Queue) -> None:
     one_torch_thread()
+    columns = None  # the stream's, once the draft sent them
     try:
         for message in request_iterator:
             try:
-                probs = codec.draft_probs_from_pb(message)
+                if message.HasField("columns"):
+                    columns = _stream_columns(message)
+                    if not message.seqs:
+                        continue
+                probs = codec.draft_probs_from_pb(message, columns=columns)
             except InvalidArgument as e:  # the stream stays; that step verifies its drafts as top-k
                 logging.getLogger(__name__).warning("target: draft step %d's probabilities dropped: %s",
                                                     message.draft_step_id, e)
@@ -97,6 +102,16 @@ def _read_probs(peer: TargetPeer, request_iterator, out: queue.Queue) -> None:
     finally:
         peer.detach(out)
         out.put(TargetPeer.CLOSED)
+
+
+def _stream_columns(message) -> torch.Tensor | None:
+    """The draft's columns, or None when they are malformed (its rows on them are then dropped,
+    and their steps verify as top-k)."""
+    try:
+        return codec.columns_from_pb(message)
+    except InvalidArgument as e:
+        logging.getLogger(__name__).warning("target: draft columns dropped: %s", e)
+        return None
 
 
 SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["TargetEngine"].full_name

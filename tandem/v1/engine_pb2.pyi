@@ -48,28 +48,32 @@ class TargetToDraft(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqHidden, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SeqDraftProbs(_message.Message):
-    __slots__ = ("seq_id", "probs", "shape", "values", "rows", "flat_index")
+    __slots__ = ("seq_id", "probs", "shape", "values", "rows", "flat_index", "on_columns")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     PROBS_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
     FLAT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ON_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     probs: Tensor
     shape: _containers.RepeatedScalarFieldContainer[int]
     values: Tensor
     rows: _containers.RepeatedScalarFieldContainer[int]
     flat_index: Tensor
-    def __init__(self, seq_id: _Optional[int] = ..., probs: _Optional[_Union[Tensor, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., flat_index: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    on_columns: bool
+    def __init__(self, seq_id: _Optional[int] = ..., probs: _Optional[_Union[Tensor, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., flat_index: _Optional[_Union[Tensor, _Mapping]] = ..., on_columns: _Optional[bool] = ...) -> None: ...
 
 class DraftToTarget(_message.Message):
-    __slots__ = ("draft_step_id", "seqs")
+    __slots__ = ("draft_step_id", "seqs", "columns")
     DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     draft_step_id: int
     seqs: _containers.RepeatedCompositeFieldContainer[SeqDraftProbs]
-    def __init__(self, draft_step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqDraftProbs, _Mapping]]] = ...) -> None: ...
+    columns: Tensor
+    def __init__(self, draft_step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqDraftProbs, _Mapping]]] = ..., columns: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class DraftInfo(_message.Message):
     __slots__ = ("method", "model", "hidden_size", "vocab_size", "dtype", "max_num_sequence", "max_draft_tokens", "shape")

@@ -14,9 +14,9 @@ from tandem.tensors import tensor_from_pb, tensor_to_pb
 
 def test_tensor_round_trip_keeps_dtype_and_bits():
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        x = torch.randn(3, 7).to(dtype)
-        y = tensor_from_pb(tensor_to_pb(x))
-        assert y.dtype == dtype and torch.equal(x, y)
+        for x in (torch.randn(3, 7).to(dtype), torch.zeros(0, 7, dtype=dtype)):
+            y = tensor_from_pb(tensor_to_pb(x))
+            assert y.dtype == dtype and torch.equal(x, y)
 
 
 def test_draft_probs_sparse_when_truncated_dense_otherwise():
@@ -60,6 +60,37 @@ def test_rows_a_third_full_travel_as_rows_not_as_indexed_entries():
     assert torch.equal(codec.draft_probs_from_pb(message).probs[1], rows)
     rows[:3, 3:] = 0  # one entry a row: indexed
     assert codec.draft_probs_to_pb(DraftProbs(2, {1: rows})).seqs[0].HasField("values")
+
+
+def test_rows_on_a_pruned_vocabulary_travel_as_its_columns_only():
+    """With the stream's columns, a row's entries in them only (a third of the bytes here); a
+    row with mass outside them goes whole; the target needs the columns to rebuild them."""
+    columns = torch.arange(2, 999, 3)
+    rows = torch.zeros(4, 999, dtype=torch.float16)
+    rows[0, columns] = 0.003
+    rows[3, columns[:5]] = 0.2
+    message = codec.draft_probs_to_pb(DraftProbs(2, {1: rows}), columns)
+    sent = message.seqs[0]
+    assert sent.on_columns and list(sent.rows) == [0, 3] and list(sent.probs.shape) == [2, len(columns)]
+    back = codec.draft_probs_from_pb(message, columns=codec.columns_from_pb(codec.columns_to_pb(columns)))
+    assert torch.equal(back.probs[1], rows)
+    with pytest.raises(InvalidArgument, match="never sent"):
+        codec.draft_probs_from_pb(message)
+    with pytest.raises(InvalidArgument, match="do not fit"):
+        codec.draft_probs_from_pb(message, columns=columns[:-1])
+    rows[3, 0] = 0.1  # outside the columns
+    whole = codec.draft_probs_to_pb(DraftProbs(2, {1: rows}), columns).seqs[0]
+    assert not whole.on_columns and torch.equal(codec.draft_probs_from_pb(codec.draft_probs_to_pb(
+        DraftProbs(2, {1: rows}), columns), columns=columns).probs[1], rows)
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([3, 2]), torch.tensor([-1, 4]), torch.tensor([1.0, 2.0]),
+                                 torch.tensor([[1, 2]]), torch.tensor([], dtype=torch.int32)])
+def test_columns_that_are_not_ascending_token_ids_are_invalid_arguments(bad):
+    message = codec.columns_to_pb(torch.tensor([1, 2]))
+    message.columns.CopyFrom(tensor_to_pb(bad))
+    with pytest.raises(InvalidArgument, match="not ascending token ids"):
+        codec.columns_from_pb(message)
 
 
 def test_draft_probs_that_do_not_fit_their_shape_are_invalid_arguments():
