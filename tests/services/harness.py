@@ -3,6 +3,7 @@
 import asyncio
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -118,3 +119,24 @@ def generate(stub, timeout: float = 120, **fields) -> tuple[list[int], str, list
     ids = [t for r in responses for c in r.choices for t in c.token_ids]
     text = "".join(c.text for r in responses for c in r.choices)
     return ids, text, responses, responses[-1]
+
+
+@contextmanager
+def peer_stream(target_port: int, messages):
+    """The draft's end of the target's Peer stream, by hand: sends `messages`, then stays open
+    until the block ends; the block starts once the target's hello came."""
+    done = threading.Event()
+
+    def draft_side():
+        yield from messages
+        done.wait(30)
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{target_port}") as ch:
+            stream = engine_pb2_grpc.TargetEngineStub(ch).Peer(draft_side())
+            next(stream)  # the target's hello
+            yield
+            done.set()
+            stream.cancel()
+    finally:
+        done.set()

@@ -9,7 +9,7 @@ from tandem.testing.tiny import TINY_PROMPTS
 from tandem.v1 import engine_pb2 as epb
 from tandem.v1 import engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
-from tests.services.harness import generate
+from tests.services.harness import generate, peer_stream
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 P = pb.SamplingParams
@@ -85,8 +85,6 @@ def test_target_rejects_bad_steps_and_keeps_state(services):
 def test_malformed_draft_probabilities_are_dropped_and_the_peer_stream_stays_up(tiny_model):
     """Rows that do not fit their shape: that draft step gets none (its step verifies as top-k
     at once, no wait for rows), and the next message on the same stream is read."""
-    import threading
-
     import torch
 
     from tandem import codec
@@ -99,23 +97,11 @@ def test_malformed_draft_probabilities_are_dropped_and_the_peer_stream_stays_up(
     rows[0] = 0.02  # one row of three: sent row-sparse
     bad = codec.draft_probs_to_pb(DraftProbs(5, {1: rows}))
     bad.seqs[0].rows[0] = 7  # past the 3 rows
-    done = threading.Event()
-
-    def draft_side():
-        yield bad
-        yield codec.draft_probs_to_pb(DraftProbs(6, {1: rows}))
-        done.wait(30)
-
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stream = engine_pb2_grpc.TargetEngineStub(ch).Peer(draft_side())
-            next(stream)  # the target's hello
+        with peer_stream(port, [bad, codec.draft_probs_to_pb(DraftProbs(6, {1: rows}))]):
             assert engine.peer.take_probs(5, timeout=10) == {}
             assert torch.equal(engine.peer.take_probs(6, timeout=10)[1], rows)
-            done.set()
-            stream.cancel()
     finally:
-        done.set()
         server.stop(0)
 
 

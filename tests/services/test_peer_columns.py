@@ -4,9 +4,7 @@ the target's reader rebuilds the whole rows. A stream that never sent columns ge
 dropped (verified as top-k), and the stream stays up."""
 
 import shutil
-import threading
 
-import grpc
 import torch
 
 from draft_service.peer_client import DraftPeer
@@ -15,12 +13,11 @@ from tandem.models.config import ModelConfig
 from tandem.models.eagle_io import write_draft_vocab
 from tandem.peer import DraftProbs
 from tandem.testing.tiny import TINY_PROMPTS
-from tandem.v1 import engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
 from target_service.config import TargetConfig
 from target_service.server import start_target
 from tests.services.eagle_fixtures import tiny_model, trained_head  # noqa: F401 (fixtures)
-from tests.services.harness import generate, start_services
+from tests.services.harness import generate, peer_stream, start_services
 
 
 def _proposal_rows(vocab: int, columns: torch.Tensor) -> torch.Tensor:
@@ -59,24 +56,13 @@ def test_rows_on_columns_the_stream_never_sent_are_dropped_and_the_stream_stays_
     vocab = engine.info().vocab_size
     columns = torch.arange(0, vocab, 2)
     rows = _proposal_rows(vocab, columns)
-    done = threading.Event()
-
-    def draft_side():
-        yield codec.draft_probs_to_pb(DraftProbs(5, {1: rows}), columns)  # no columns message first
-        yield codec.columns_to_pb(columns)
-        yield codec.draft_probs_to_pb(DraftProbs(6, {1: rows}), columns)
-        done.wait(30)
-
+    messages = [codec.draft_probs_to_pb(DraftProbs(5, {1: rows}), columns),  # before any columns
+                codec.columns_to_pb(columns), codec.draft_probs_to_pb(DraftProbs(6, {1: rows}), columns)]
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            stream = engine_pb2_grpc.TargetEngineStub(ch).Peer(draft_side())
-            next(stream)  # the target's hello
+        with peer_stream(port, messages):
             assert engine.peer.take_probs(5, timeout=10) == {}
             assert torch.equal(engine.peer.take_probs(6, timeout=10)[1], rows)
-            done.set()
-            stream.cancel()
     finally:
-        done.set()
         server.stop(0)
 
 
