@@ -22,10 +22,11 @@ def tensor_from_pb(m: pb.Tensor, device: torch.device | str = "cpu") -> torch.Te
         raise InvalidArgument(f"tensor dtype {m.dtype!r} is not one of {sorted(_DTYPES)}")
     dtype = _DTYPES[m.dtype]
     storage = torch.int16 if dtype == torch.bfloat16 else dtype
+    width = storage.itemsize
+    if len(m.data) != _numel(m.shape) * width or any(d < 0 for d in m.shape):
+        raise InvalidArgument(f"tensor of shape {list(m.shape)} has {len(m.data)} bytes of {m.dtype}")
     # frombuffer refuses an empty buffer: an empty tensor is valid (and a peer may send one).
     flat = torch.frombuffer(bytearray(m.data), dtype=storage) if m.data else torch.empty(0, dtype=storage)
-    if flat.numel() != _numel(m.shape):
-        raise InvalidArgument(f"tensor of shape {list(m.shape)} has {flat.numel()} elements")
     return flat.view(dtype).reshape(tuple(m.shape)).to(device)
 
 

@@ -57,7 +57,8 @@ class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
         out = peer.attach()
         out.put(HiddenStep(self.engine.last_step_id, ()))  # hello: steps up to here are past
         logging.getLogger(__name__).info("target: draft peer connected")
-        threading.Thread(target=_read_probs, args=(peer, request_iterator, out), daemon=True).start()
+        vocab_size = self.engine.model.config.vocab_size
+        threading.Thread(target=_read_probs, args=(peer, request_iterator, out, vocab_size), daemon=True).start()
         try:
             while context.is_active():
                 try:
@@ -81,7 +82,7 @@ def compute_thread(name: str, threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=torch.set_num_threads, initargs=(threads,))
 
 
-def _read_probs(peer: TargetPeer, request_iterator, out: queue.Queue) -> None:
+def _read_probs(peer: TargetPeer, request_iterator, out: queue.Queue, vocab_size: int) -> None:
     one_torch_thread()
     columns = None  # the stream's, once the draft sent them
     try:
@@ -91,7 +92,7 @@ def _read_probs(peer: TargetPeer, request_iterator, out: queue.Queue) -> None:
                     columns = _stream_columns(message)
                     if not message.seqs:
                         continue
-                probs = codec.draft_probs_from_pb(message, columns=columns)
+                probs = codec.draft_probs_from_pb(message, columns=columns, vocab_size=vocab_size)
             except InvalidArgument as e:  # the stream stays; that step verifies its drafts as top-k
                 logging.getLogger(__name__).warning("target: draft step %d's probabilities dropped: %s",
                                                     message.draft_step_id, e)

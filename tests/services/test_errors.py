@@ -83,8 +83,9 @@ def test_target_rejects_bad_steps_and_keeps_state(services):
 
 
 def test_malformed_draft_probabilities_are_dropped_and_the_peer_stream_stays_up(tiny_model):
-    """Rows that do not fit their shape: that draft step gets none (its step verifies as top-k
-    at once, no wait for rows), and the next message on the same stream is read."""
+    """Rows that do not fit their shape, or another vocabulary than the target's: that draft step
+    gets none (its step verifies as top-k at once, no wait for rows), and the next message on the
+    same stream is read."""
     import torch
 
     from tandem import codec
@@ -93,14 +94,15 @@ def test_malformed_draft_probabilities_are_dropped_and_the_peer_stream_stays_up(
     from target_service.server import start_target
 
     server, _, port, engine, _ = start_target(TargetConfig(model_dir=tiny_model, port=0, kv_cache_tokens=256, kv_page_size=8))
-    rows = torch.zeros(3, 50, dtype=torch.float16)
-    rows[0] = 0.02  # one row of three: sent row-sparse
+    rows = torch.zeros(3, engine.model.config.vocab_size, dtype=torch.float16)
+    rows[0] = 0.002  # one row of three: sent row-sparse
     bad = codec.draft_probs_to_pb(DraftProbs(5, {1: rows}))
     bad.seqs[0].rows[0] = 7  # past the 3 rows
+    other_vocab = codec.draft_probs_to_pb(DraftProbs(6, {1: rows[:, :50]}))
     try:
-        with peer_stream(port, [bad, codec.draft_probs_to_pb(DraftProbs(6, {1: rows}))]):
-            assert engine.peer.take_probs(5, timeout=10) == {}
-            assert torch.equal(engine.peer.take_probs(6, timeout=10)[1], rows)
+        with peer_stream(port, [bad, other_vocab, codec.draft_probs_to_pb(DraftProbs(7, {1: rows}))]):
+            assert engine.peer.take_probs(5, timeout=10) == {} and engine.peer.take_probs(6, timeout=10) == {}
+            assert torch.equal(engine.peer.take_probs(7, timeout=10)[1], rows)
     finally:
         server.stop(0)
 

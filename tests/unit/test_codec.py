@@ -93,6 +93,24 @@ def test_columns_that_are_not_ascending_token_ids_are_invalid_arguments(bad):
         codec.columns_from_pb(message)
 
 
+def test_proposals_are_checked_before_their_rows_are_allocated():
+    """A peer's declared shape is bounded (rows) and must match the receiver's vocabulary; a
+    tensor's bytes must match its shape."""
+    rows = torch.zeros(3, 50, dtype=torch.float16)
+    rows[0] = 0.02
+    message = codec.draft_probs_to_pb(DraftProbs(5, {1: rows}))
+    assert torch.equal(codec.draft_probs_from_pb(message, vocab_size=50).probs[1], rows)
+    with pytest.raises(InvalidArgument, match="want"):
+        codec.draft_probs_from_pb(message, vocab_size=49)
+    message.seqs[0].shape[:] = [10**13, 50]
+    with pytest.raises(InvalidArgument, match="want"):
+        codec.draft_probs_from_pb(message)
+    odd = tensor_to_pb(torch.zeros(2, dtype=torch.float16))
+    odd.data = odd.data[:3]
+    with pytest.raises(InvalidArgument, match="3 bytes"):
+        tensor_from_pb(odd)
+
+
 def test_draft_probs_that_do_not_fit_their_shape_are_invalid_arguments():
     rows = torch.zeros(4, 100)
     rows[1] = 0.01

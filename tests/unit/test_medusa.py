@@ -231,7 +231,8 @@ class Rig:
     def __init__(self, **config):
         self.peer = DraftPeer("127.0.0.1:1")
         self.peer._receive(HiddenStep(0, ()))  # the target's hello: connected
-        self.sent = self.peer._outgoing = queue.Queue()
+        self.sent = queue.Queue()
+        self.peer._outgoing = (self.sent, None)  # (the stream's queue, its columns)
         config = DraftConfig(method="medusa", model_dir=Path("hand-made"), target_model_dir=Path("none"), **config)
         self.engine = MedusaDraftEngine(config, hand_made_head(), self.peer)
         self.step = self.draft_step = 0

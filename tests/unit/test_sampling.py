@@ -323,6 +323,20 @@ def test_both_draw_methods_follow_the_row_in_any_scale(draws):
     assert alone.tolist() == [int(got[0, 0])]
 
 
+def test_a_uniform_at_the_top_of_its_range_still_lands_on_the_last_positive_entry(monkeypatch):
+    """u * total may round up to the total; the draw stays below it, off the zero tail."""
+    monkeypatch.setattr(torch, "rand", lambda *a, **kw: torch.full((1,), 1 - 2.0 ** -53, dtype=torch.float64))
+    row = torch.tensor([0.0, 5e-324, 0.0, 0.0], dtype=torch.float64)  # a total u * total rounds onto
+    assert sampler._cdf_draws(row[None], [torch.Generator()]).tolist() == [1]
+    assert sampler._cdf_draws(torch.tensor([[0.2, 0.3, 0.0]]), [torch.Generator()]).tolist() == [1]
+
+
+@pytest.mark.parametrize("row", [[0.0, 0.0, 0.0], [0.5, math.nan, 0.5], [math.inf, 1.0, 0.0]])
+def test_a_row_without_positive_finite_mass_is_refused_by_name(row):
+    with pytest.raises(ValueError, match="mass"):
+        sampler.draw(torch.tensor([row]), [torch.Generator()])
+
+
 def test_cdf_draws_never_land_on_zeros_of_a_wide_sparse_row():
     """A whole vocabulary's fp16 row, 1% of it positive, zeros at both ends: the empty CDF
     intervals of the zeros, the tail past the last positive entry included, are never hit."""
