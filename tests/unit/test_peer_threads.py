@@ -30,7 +30,7 @@ def test_the_targets_reader_of_draft_probabilities_uses_one_torch_thread():
             seen.append((message.draft_step_id, torch.get_num_threads()))
 
     message = codec.draft_probs_to_pb(DraftProbs(5, {3: torch.softmax(torch.randn(1, 100), -1)}))
-    reader = threading.Thread(target=_read_probs, args=(Peer(), iter([message]), queue.Queue()))
+    reader = threading.Thread(target=_read_probs, args=(Peer(), iter([message]), queue.Queue(), 100))
     reader.start()
     reader.join()
     assert seen == [(5, 1)] and torch.get_num_threads() == 2  # the caller's own setting stays
