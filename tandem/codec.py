@@ -326,7 +326,10 @@ def _probs_from_pb(m: pb.SeqDraftProbs, device, columns: torch.Tensor | None = N
     if m.on_columns:
         return _columns_from_pb(m, device, columns, vocab_size)
     if m.HasField("probs") and not m.rows:
-        return tensor_from_pb(m.probs, device)
+        dense = tensor_from_pb(m.probs, device)
+        if dense.dim() != 2 or (vocab_size is not None and dense.shape[1] != vocab_size):
+            raise InvalidArgument(f"draft probabilities of shape {list(dense.shape)}: want [k, {vocab_size or 'vocab'}]")
+        return dense
     if m.HasField("probs"):
         shape = _checked_shape(m, vocab_size)
         kept = tensor_from_pb(m.probs, device)

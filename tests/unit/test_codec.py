@@ -105,6 +105,10 @@ def test_proposals_are_checked_before_their_rows_are_allocated():
     message.seqs[0].shape[:] = [10**13, 50]
     with pytest.raises(InvalidArgument, match="want"):
         codec.draft_probs_from_pb(message)
+    dense = codec.draft_probs_to_pb(DraftProbs(5, {1: torch.full((2, 50), 0.02)}))
+    assert not dense.seqs[0].rows and codec.draft_probs_from_pb(dense, vocab_size=50).probs[1].shape == (2, 50)
+    with pytest.raises(InvalidArgument, match="want"):
+        codec.draft_probs_from_pb(dense, vocab_size=49)
     odd = tensor_to_pb(torch.zeros(2, dtype=torch.float16))
     odd.data = odd.data[:3]
     with pytest.raises(InvalidArgument, match="3 bytes"):
