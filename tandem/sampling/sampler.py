@@ -234,11 +234,7 @@ def draw_without_replacement(probs: Tensor, k: int, generator: torch.Generator) 
     earlier ones removed and renormalised. Returns [min(k, positive entries)] int64 token ids in
     draw order."""
     assert probs.dim() == 1 and k >= 1
-    return _distinct_draws(probs.device)(probs, k, generator)
-
-
-def _distinct_draws(device: torch.device):
-    return _cdf_distinct if device.type == "cpu" else _race_distinct
+    return (_cdf_distinct if probs.device.type == "cpu" else _race_distinct)(probs, k, generator)
 
 
 def _cdf_distinct(probs: Tensor, k: int, generator: torch.Generator) -> Tensor:

@@ -287,24 +287,23 @@ def test_unseeded_states_get_their_own_streams():
 
 
 @pytest.mark.parametrize("distinct", [sampler._cdf_distinct, sampler._race_distinct], ids=["cdf", "race"])
-def test_draw_without_replacement_draws_in_order_from_the_rest(distinct, monkeypatch):
+def test_draw_without_replacement_draws_in_order_from_the_rest(distinct):
     """Ordered pairs (a, b) come with probability q(a) q(b) / (1 - q(a)); zeros never come. Both
     methods (CPU inverts the CDF, other devices race) run here."""
-    monkeypatch.setattr(sampler, "_distinct_draws", lambda device: distinct)
     q = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05])
     g = torch.Generator().manual_seed(0)
     n, counts = 20000, {}
     for _ in range(n):
-        a, b = draw_without_replacement(q, 2, g).tolist()
+        a, b = distinct(q, 2, g).tolist()
         counts[(a, b)] = counts.get((a, b), 0) + 1
     expected = {(a, b): float(q[a] * q[b] / (1 - q[a])) for a in range(5) for b in range(5)
                 if a != b and q[a] > 0 and q[b] > 0}
     assert set(counts) <= set(expected)
     tv = 0.5 * sum(abs(counts.get(o, 0) / n - p) for o, p in expected.items())
     assert tv < 3 * math.sqrt(len(expected) / n), tv
-    assert draw_without_replacement(q, 10, g).tolist().__len__() == 4  # only the positive entries
+    assert distinct(q, 10, g).tolist().__len__() == 4  # only the positive entries
     g1, g2 = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-    assert torch.equal(draw_without_replacement(q, 3, g1), draw_without_replacement(q, 3, g2))
+    assert torch.equal(distinct(q, 3, g1), distinct(q, 3, g2))
 
 
 @pytest.mark.parametrize("draws", [sampler._cdf_draws, sampler._race_draws], ids=["cdf", "race"])
