@@ -77,6 +77,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", dest="save_format", choices=["safetensors", "bin"],
                    default=_env("format") or "safetensors", help="weights file of the head")
     _flag(p, "ce_weight", float, "EAGLE: weight of the token cross-entropy (default 0.1, EAGLE-1's)")
+    p.add_argument("--soft-labels", action="store_true", default=_env_flag("soft_labels"),
+                   help="EAGLE: the token loss is the KL from the target's next-token distribution over the draft "
+                        "vocabulary (its logits from the cached features) instead of CE on its greedy token")
     _flag(p, "ttt_steps", help="EAGLE: draft steps unrolled in training (1: EAGLE-1; >1: EAGLE-3 training-time test)")
     p.add_argument("--init-from-target", action="store_true", default=_env_flag("init_from_target"),
                    help="EAGLE: start the head's layer from the target's last decoder layer")
@@ -121,6 +124,7 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
         seed=_pick(args, "seed", mode, 0), compute_dtype=_pick(args, "compute_dtype", mode),
         threads=_pick(args, "threads", mode), save_format=args.save_format, quick=args.quick,
         show_progress=True, ce_weight=_pick(args, "ce_weight", mode, 0.1), ttt_steps=_pick(args, "ttt_steps", mode, 1),
+        soft_labels=args.soft_labels,
         init_from_target=args.init_from_target, init_head=Path(args.init_head) if args.init_head else None,
         draft_vocab=_pick(args, "draft_vocab", mode, 0),
         medusa_heads=_pick(args, "medusa_heads", mode, 4), medusa_layers=_pick(args, "medusa_layers", mode, 1),
@@ -136,6 +140,8 @@ def _check_flags(args) -> None:
             raise SystemExit(f"tandem train-draft: --{name.replace('_', '-')} must be {least} or more, not {value}")
     if args.turn != 1 and args.quick:
         raise SystemExit("tandem train-draft: --turn 2 takes ShareGPT's conversations; --quick has single prompts")
+    if args.soft_labels and args.method != "eagle":
+        raise SystemExit("tandem train-draft: --soft-labels is for EAGLE (Medusa's heads train on the target's tokens)")
     if not args.init_head:
         return
     clash = [flag for flag, given in (("--method medusa", args.method != "eagle"),

@@ -40,6 +40,7 @@ class TrainConfig:
     extra_data: tuple[Path, ...] = ()  # other self-distilled folders whose training shards join the run's
     # EAGLE
     ce_weight: float = 0.1  # EAGLE-1's p_w: loss = SmoothL1(features) + ce_weight * CE
+    soft_labels: bool = False  # token loss: KL from the target's distribution, not CE on its greedy token
     ttt_steps: int = 1  # draft steps unrolled in training (1: EAGLE-1 teacher forcing; >1: EAGLE-3's TTT)
     init_from_target: bool = False  # the head's layer starts as the target's last decoder layer
     init_head: Path | None = None  # a head folder whose weights and draft vocabulary the run starts from

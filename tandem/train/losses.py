@@ -61,6 +61,52 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     return total / max(count, 1), hits, count
 
 
+class _LinearSoftCrossEntropy(torch.autograd.Function):
+    """sum over rows of KL(softmax(teacher @ weight.T) || softmax(hidden @ weight.T)): the token
+    loss against the target's whole next-token distribution (EAGLE-3's and HASS's distillation)
+    instead of its greedy token. The teacher's logits come from its own final-norm features
+    through the same (draft-vocabulary) lm_head rows, recomputed per chunk in the backward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, teacher):
+        total = torch.zeros((), dtype=torch.float32)
+        lse = torch.empty(hidden.shape[0], dtype=torch.float32)
+        for start in range(0, hidden.shape[0], CHUNK_ROWS):
+            rows = slice(start, start + CHUNK_ROWS)
+            logits = (hidden[rows] @ weight.T).float()
+            lse[rows] = torch.logsumexp(logits, dim=-1)
+            log_p = torch.log_softmax((teacher[rows] @ weight.T).float(), dim=-1)
+            # KL = sum p (log p - log q), log q = logits - lse
+            total += (log_p.exp() * (log_p - logits)).sum() + lse[rows].sum()
+        ctx.save_for_backward(hidden, weight, teacher, lse)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        hidden, weight, teacher, lse = ctx.saved_tensors
+        grad_hidden = torch.zeros_like(hidden)
+        for start in range(0, hidden.shape[0], CHUNK_ROWS):
+            rows = slice(start, start + CHUNK_ROWS)
+            q = torch.sub(hidden[rows] @ weight.T, lse[rows, None]).exp_()
+            q -= torch.softmax((teacher[rows] @ weight.T).float(), dim=-1)
+            grad_hidden[rows] = q.mul_(grad_total).to(hidden.dtype) @ weight
+        return grad_hidden, None, None
+
+
+def linear_soft_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """hidden [T, D] (the draft's features), weight [V, D] (frozen), teacher [T, D] (the target's
+    features, no gradient) -> the mean over rows of KL(target's distribution || draft's)."""
+    assert hidden.shape == teacher.shape and weight.shape[1] == hidden.shape[1]
+    weight = weight.to(hidden.dtype)
+    return _LinearSoftCrossEntropy.apply(hidden, weight, teacher.detach().to(hidden.dtype)) / max(hidden.shape[0], 1)
+
+
+@torch.no_grad()
+def top1_hits(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[T] bool: the row's best entry of hidden @ weight.T is its label (IGNORE: False)."""
+    return (chunked_topk(hidden, weight, 1)[:, 0] == labels) & (labels != IGNORE)
+
+
 @torch.no_grad()
 def chunked_topk(hidden: torch.Tensor, weight: torch.Tensor, k: int) -> torch.Tensor:
     """hidden [T, D], weight [V, D] -> the k best rows of hidden @ weight.T, best first, [T, k] int64."""

@@ -32,7 +32,8 @@ from tandem.spec.token_tree import SMALL_STATIC_TREE
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import Batch, ShardedData
 from tandem.train.eagle_head import EagleTrainHead, init_from_target_layer
-from tandem.train.losses import IGNORE, accepted_lengths, chunked_topk, linear_cross_entropy, shifted
+from tandem.train.losses import (IGNORE, accepted_lengths, chunked_topk, linear_cross_entropy, linear_soft_cross_entropy,
+                                 shifted, top1_hits)
 from tandem.train.medusa_heads import MedusaTrainHeads
 
 STEP_DECAY = 0.8  # weight of draft step / head i: 0.8 ** i (Medusa-1's decay, EAGLE-3's TTT weights)
@@ -282,9 +283,10 @@ class EagleMethod:
         total, metrics = 0.0, {}
         for s, predicted in enumerate(head.unroll(batch.tokens, batch.features, self.cfg.ttt_steps)):
             mask = batch.answer_mask(s + 2)  # pair i predicts f_{i+s+1} and t_{i+s+2}, an answer token
-            feature_loss = F.smooth_l1_loss(predicted[mask].float(), shifted(batch.features, s + 1)[mask])
+            wanted = shifted(batch.features, s + 1)[mask]  # f_{i+s+1}: its logits are the target's for t_{i+s+2}
+            feature_loss = F.smooth_l1_loss(predicted[mask].float(), wanted)
             labels = head.draft_labels(shifted(batch.tokens, s + 2)[mask])
-            ce, hits, _ = linear_cross_entropy(predicted[mask], head.lm_head, labels, with_hits=with_hits and s == 0)
+            ce, hits = self._token_loss(head, predicted[mask], wanted, labels, with_hits and s == 0)
             total = total + STEP_DECAY**s * (feature_loss + self.cfg.ce_weight * ce)
             if s == 0:
                 metrics = {"feature_loss": float(feature_loss.detach()), "ce": float(ce.detach())}
@@ -292,6 +294,16 @@ class EagleMethod:
                     metrics["top1"] = float(hits.sum()) / max(int(mask.sum()), 1)
         metrics["loss"] = float(total.detach())
         return total, metrics
+
+    def _token_loss(self, head: EagleTrainHead, predicted, wanted, labels, with_hits: bool):
+        """(token loss, top-1 hits): cross-entropy on the target's greedy token, or with
+        --soft-labels the KL from its distribution over the draft vocabulary (every row counts,
+        also those whose greedy token is outside a pruned vocabulary)."""
+        if not self.cfg.soft_labels:
+            ce, hits, _ = linear_cross_entropy(predicted, head.lm_head, labels, with_hits=with_hits)
+            return ce, hits
+        kl = linear_soft_cross_entropy(predicted, head.lm_head, wanted)
+        return kl, top1_hits(predicted, head.lm_head.to(predicted.dtype), labels) if with_hits else None
 
     @torch.no_grad()
     def evaluate(self, head: EagleTrainHead, batches) -> dict:

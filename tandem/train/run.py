@@ -162,8 +162,9 @@ def _finish(run_dir: Path, cfg: TrainConfig, record: dict, sitting: dict, starte
 def model_card(cfg: TrainConfig, record: dict) -> str:
     ev, data, last = record.get("evaluation", {}), record.get("data", {}), (record.get("history") or [{}])[-1]
     if cfg.method == "eagle":
+        token_loss = "KL from the target's distribution" if cfg.soft_labels else "CE on the target's greedy token"
         arch = (f"EAGLE-1 head (fc over [embed(t_{{i+1}}); f_i] + one decoder layer; the target's embedding "
-                f"and lm_head), loss SmoothL1(features) + {cfg.ce_weight} x CE, {cfg.ttt_steps} draft step(s) "
+                f"and lm_head), loss SmoothL1(features) + {cfg.ce_weight} x {token_loss}, {cfg.ttt_steps} draft step(s) "
                 f"unrolled in training{', layer initialised from the target' if cfg.init_from_target else ''}"
                 f"{f', started from the head in {cfg.init_head}' if cfg.init_head else ''}")
         use = "tandem up --draft eagle --draft-model <this folder>"

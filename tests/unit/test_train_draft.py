@@ -30,7 +30,7 @@ from tandem.testing.tiny import build_tiny_model
 from tandem.train.cli_args import config_from_args
 from tandem.train.dataset import ShardedData
 from tandem.train.loop import load_checkpoint
-from tandem.train.losses import IGNORE, linear_cross_entropy
+from tandem.train.losses import IGNORE, linear_cross_entropy, linear_soft_cross_entropy
 from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, STATIC_TREE_SIZES, _chain_metrics, _merge, anchor_rows,
                                   best_static_tree, draft_ranks, static_tree_lengths, static_tree_metrics, walk_histogram)
 from tandem.train.run import evaluate_head, run_train_draft
@@ -140,6 +140,30 @@ def test_linear_cross_entropy_matches_torch():
     assert torch.allclose(loss, want, atol=1e-5)
     assert torch.equal(hits, (logits.argmax(-1) == labels) & (labels != IGNORE))
     assert torch.allclose(got[0], hidden.grad, atol=1e-6) and torch.allclose(got[1], weight.grad, atol=1e-6)
+
+
+def test_linear_soft_cross_entropy_is_the_kl_from_the_teachers_distribution():
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(2500, 16, generator=gen, requires_grad=True)  # > one chunk of rows
+    teacher = torch.randn(2500, 16, generator=gen)
+    weight = torch.randn(40, 16, generator=gen)
+    loss = linear_soft_cross_entropy(hidden, weight, teacher)
+    loss.backward()
+    got = hidden.grad.clone()
+    hidden.grad = None
+    want = F.kl_div(F.log_softmax(hidden @ weight.T, -1), F.log_softmax(teacher @ weight.T, -1),
+                    log_target=True, reduction="batchmean")
+    want.backward()
+    assert torch.allclose(loss, want, atol=1e-5) and torch.allclose(got, hidden.grad, atol=1e-7)
+    assert linear_soft_cross_entropy(teacher, weight, teacher).abs() < 1e-5  # the teacher itself: no loss
+
+
+def test_quick_eagle_with_soft_labels_lowers_the_loss(tiny, data_dir, tmp_path):
+    cfg = quick_config(tiny, tmp_path / "soft", data_dir, "--method", "eagle", "--soft-labels", "--ttt-steps", "2")
+    record = train_quick(cfg)
+    assert cfg.soft_labels and record["status"] == "done"
+    assert full_data_loss(cfg, load_checkpoint(cfg.run_dir)["model"]) < 0.9 * full_data_loss(cfg, None)
+    assert "KL from the target's distribution" in (cfg.run_dir / "head" / "README.md").read_text()
 
 
 def test_tree_acceptance_counts_target_tokens_within_the_drafts_top_k():
@@ -423,3 +447,8 @@ def test_init_head_refuses_flags_it_would_ignore(tiny, tmp_path, flags, message)
 def test_out_of_range_sizes_are_refused_by_name(tiny, tmp_path, flag, value):
     with pytest.raises(SystemExit, match=f"{flag} must be"):
         quick_config(tiny, tmp_path / "run", tmp_path / "data", flag, value)
+
+
+def test_soft_labels_are_refused_for_medusa(tiny, tmp_path):
+    with pytest.raises(SystemExit, match="--soft-labels is for EAGLE"):
+        quick_config(tiny, tmp_path / "run", tmp_path / "data", "--method", "medusa", "--soft-labels")
