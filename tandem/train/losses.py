@@ -108,6 +108,24 @@ def top1_hits(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) 
 
 
 @torch.no_grad()
+def sampled_acceptance(hidden: torch.Tensor, weight: torch.Tensor, teacher: torch.Tensor, teacher_weight: torch.Tensor,
+                       columns: torch.Tensor | None) -> torch.Tensor:
+    """[T]: the chance that speculative sampling at temperature 1 accepts the draft's token, sum_x
+    min(p(x), q(x)) = 1 - TV(p, q), with q = softmax(hidden @ weight.T) over the draft vocabulary
+    (its column j is target token columns[j]; None: the whole vocabulary) and p =
+    softmax(teacher @ teacher_weight.T) the target's whole distribution (mass outside the draft
+    vocabulary can never be accepted)."""
+    out = torch.empty(hidden.shape[0], dtype=torch.float32)
+    weight, teacher_weight = weight.to(hidden.dtype), teacher_weight.to(teacher.dtype)
+    for start in range(0, hidden.shape[0], CHUNK_ROWS):
+        rows = slice(start, start + CHUNK_ROWS)
+        q = torch.softmax((hidden[rows] @ weight.T).float(), dim=-1)
+        p = torch.softmax((teacher[rows] @ teacher_weight.T).float(), dim=-1)
+        out[rows] = torch.minimum(p if columns is None else p[:, columns], q).sum(-1)
+    return out
+
+
+@torch.no_grad()
 def chunked_topk(hidden: torch.Tensor, weight: torch.Tensor, k: int) -> torch.Tensor:
     """hidden [T, D], weight [V, D] -> the k best rows of hidden @ weight.T, best first, [T, k] int64."""
     out = torch.empty(hidden.shape[0], k, dtype=torch.long)

@@ -33,7 +33,7 @@ from tandem.train.config import TrainConfig
 from tandem.train.dataset import Batch, ShardedData
 from tandem.train.eagle_head import EagleTrainHead, init_from_target_layer
 from tandem.train.losses import (IGNORE, accepted_lengths, chunked_topk, linear_cross_entropy, linear_soft_cross_entropy,
-                                 shifted, top1_hits)
+                                 sampled_acceptance, shifted, top1_hits)
 from tandem.train.medusa_heads import MedusaTrainHeads
 
 STEP_DECAY = 0.8  # weight of draft step / head i: 0.8 ** i (Medusa-1's decay, EAGLE-3's TTT weights)
@@ -87,6 +87,16 @@ def _chain_metrics(ranks: list[torch.Tensor], rows: torch.Tensor) -> dict:
             "tree_accepted_length": {f"top{k}": float(lengths[f"top{k}"].float().mean()) for k in TREE_WIDTHS},
             "tree_nodes": {f"top{k}": sum(k**d for d in range(1, len(ranks) + 1)) for k in TREE_WIDTHS},
             **_walk_metrics(walks)}
+
+
+def _sampled_sums(accepts: list[torch.Tensor]) -> dict:
+    """accepts: per draft depth, [A] the chance temperature-1 sampling accepts that depth's draft
+    from each anchor (0 past the answer's end) -> sums that merge across batches: per depth, and
+    of each anchor's expected tokens a verify yields, 1 + a_1 + a_1 a_2 + ... (every later draft
+    scored on the target's greedy continuation: an estimate, teacher-forced)."""
+    stacked = torch.stack(accepts)
+    return {"sampled_sums": {"by_depth": stacked.sum(1).tolist(),
+                             "accepted_length": float((1 + torch.cumprod(stacked, 0).sum(0)).sum())}}
 
 
 def walk_histogram(lengths: torch.Tensor, rows: torch.Tensor, longest: int) -> list[int]:
@@ -192,7 +202,15 @@ def describe_chain(metrics: dict) -> str:
     return (f"top-1 {metrics['heldout_top1']:.3f}; accepted length per verify step, served greedy walk, chains of "
             f"{metrics['chain_length']} / full {' / '.join(k.replace('top', 'top-') for k in trees)} trees: {walked} "
             f"(depth 1..k {metrics['walk_rate_by_depth']}); mean over every anchor: "
-            f"{metrics['mean_accepted_length']:.3f}, {describe_trees(metrics)}{_describe_static(metrics)}")
+            f"{metrics['mean_accepted_length']:.3f}, {describe_trees(metrics)}{_describe_static(metrics)}"
+            f"{_describe_sampled(metrics)}")
+
+
+def _describe_sampled(metrics: dict) -> str:
+    if "t1_accepted_length" not in metrics:
+        return ""
+    return (f"; temperature 1, chains of {metrics['chain_length']} (teacher-forced estimate over every anchor): "
+            f"{metrics['t1_accepted_length']:.3f} (accepted by depth {metrics['t1_accept_by_depth']})")
 
 
 def _describe_static(metrics: dict) -> str:
@@ -230,6 +248,10 @@ def _merge(parts: list[dict]) -> dict:
                                      for d in range(len(first["accepted_rate_by_depth"]))]
     out["tree_accepted_length"] = {k: mean(lambda p: p["tree_accepted_length"][k]) for k in first["tree_accepted_length"]}
     walks = {k: [sum(c) for c in zip(*(p["walk_histograms"][k] for p in parts))] for k in first["walk_histograms"]}
+    if "sampled_sums" in first:  # EAGLE: temperature-1 acceptance, means over every anchor
+        by_depth = [sum(c) for c in zip(*(p["sampled_sums"]["by_depth"] for p in parts))]
+        out["t1_accept_by_depth"] = [round(v / max(total, 1), 4) for v in by_depth]
+        out["t1_accepted_length"] = sum(p["sampled_sums"]["accepted_length"] for p in parts) / max(total, 1)
     return out | _walk_metrics(walks)
 
 
@@ -310,13 +332,23 @@ class EagleMethod:
         parts = []
         for batch in batches:
             anchors = batch.answer_mask(1) & batch.answer_mask(2)
-            ranks = []
+            ranks, accepts = [], []
             for s, predicted in enumerate(head.unroll(batch.tokens, batch.features, self.cfg.eval_chain)):
                 top = head.to_target_ids(chunked_topk(predicted[anchors], head.lm_head, max(TREE_WIDTHS)))
                 wanted = shifted(batch.tokens, s + 2, fill=IGNORE)[anchors]
-                ranks.append(draft_ranks(top, wanted, batch.answer_mask(s + 2)[anchors]))
-            parts.append(_chain_metrics(ranks, anchor_rows(anchors)))
+                valid = batch.answer_mask(s + 2)[anchors]
+                ranks.append(draft_ranks(top, wanted, valid))
+                accept = sampled_acceptance(predicted[anchors], head.lm_head, shifted(batch.features, s + 1)[anchors],
+                                            self._target_lm_head(), head.d2t)
+                accepts.append(accept * valid)
+            parts.append(_chain_metrics(ranks, anchor_rows(anchors)) | _sampled_sums(accepts))
         return _merge(parts)
+
+    def _target_lm_head(self) -> torch.Tensor:
+        """The target's whole lm_head (the head keeps only its draft vocabulary's rows)."""
+        if getattr(self, "_lm_head", None) is None:
+            self._lm_head = target_embeddings(self.cfg.head_target_dir, self.dtype)[1]
+        return self._lm_head
 
     def save(self, head: EagleTrainHead, out_dir) -> None:
         save_eagle_checkpoint(out_dir, self.head_config, head.public_state_dict(), format=self.cfg.save_format)

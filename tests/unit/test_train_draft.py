@@ -30,7 +30,7 @@ from tandem.testing.tiny import build_tiny_model
 from tandem.train.cli_args import config_from_args
 from tandem.train.dataset import ShardedData
 from tandem.train.loop import load_checkpoint
-from tandem.train.losses import IGNORE, linear_cross_entropy, linear_soft_cross_entropy
+from tandem.train.losses import IGNORE, linear_cross_entropy, linear_soft_cross_entropy, sampled_acceptance
 from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, STATIC_TREE_SIZES, _chain_metrics, _merge, anchor_rows,
                                   best_static_tree, draft_ranks, static_tree_lengths, static_tree_metrics, walk_histogram)
 from tandem.train.run import evaluate_head, run_train_draft
@@ -158,6 +158,20 @@ def test_linear_soft_cross_entropy_is_the_kl_from_the_teachers_distribution():
     assert linear_soft_cross_entropy(teacher, weight, teacher).abs() < 1e-5  # the teacher itself: no loss
 
 
+def test_sampled_acceptance_is_the_overlap_of_the_two_distributions():
+    gen = torch.Generator().manual_seed(2)
+    hidden, teacher = torch.randn(1500, 8, generator=gen), torch.randn(1500, 8, generator=gen)
+    lm_head = torch.randn(30, 8, generator=gen)
+    columns = torch.tensor([1, 4, 5, 9, 20, 29])  # a pruned draft vocabulary
+    got = sampled_acceptance(hidden, lm_head[columns], teacher, lm_head, columns)
+    q = torch.softmax(hidden @ lm_head[columns].T, -1)
+    p = torch.softmax(teacher @ lm_head.T, -1)
+    assert torch.allclose(got, torch.minimum(p[:, columns], q).sum(-1), atol=1e-6)
+    assert (got <= p[:, columns].sum(-1) + 1e-6).all()  # mass outside the draft vocabulary is never accepted
+    same = sampled_acceptance(teacher, lm_head, teacher, lm_head, None)
+    assert torch.allclose(same, torch.ones(1500), atol=1e-5)  # the target's own distribution: always accepted
+
+
 def test_quick_eagle_with_soft_labels_lowers_the_loss(tiny, data_dir, tmp_path):
     cfg = quick_config(tiny, tmp_path / "soft", data_dir, "--method", "eagle", "--soft-labels", "--ttt-steps", "2")
     record = train_quick(cfg)
@@ -234,6 +248,9 @@ def test_quick_eagle_lowers_the_loss_and_writes_a_head_that_loads(eagle_run, tin
     ev = written["evaluation"]
     assert 0 <= ev["heldout_top1"] <= 1 and ev["mean_accepted_length"] >= 1
     assert ev["tree_accepted_length"]["top3"] >= ev["tree_accepted_length"]["top2"] >= ev["mean_accepted_length"]
+    t1 = ev["t1_accept_by_depth"]
+    assert len(t1) == ev["chain_length"] and all(0 < a < 1 for a in t1)
+    assert 1 + t1[0] - 1e-3 < ev["t1_accepted_length"] < 1 + sum(t1)
     assert (cfg.run_dir / "head" / "README.md").read_text().startswith("# eagle draft head")
 
 
