@@ -76,7 +76,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                                   "questions (default 20; --quick: 0)")
     p.add_argument("--format", dest="save_format", choices=["safetensors", "bin"],
                    default=_env("format") or "safetensors", help="weights file of the head")
-    _flag(p, "ce_weight", float, "EAGLE: weight of the token cross-entropy (default 0.1, EAGLE-1's)")
+    _flag(p, "ce_weight", float, "EAGLE: weight of the token loss, CE or --soft-labels' KL (default 0.1, EAGLE-1's)")
     p.add_argument("--soft-labels", action="store_true", default=_env_flag("soft_labels"),
                    help="EAGLE: the token loss is the KL from the target's next-token distribution over the draft "
                         "vocabulary (its logits from the cached features) instead of CE on its greedy token")

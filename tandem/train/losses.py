@@ -63,9 +63,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
 
 class _LinearSoftCrossEntropy(torch.autograd.Function):
     """sum over rows of KL(softmax(teacher @ weight.T) || softmax(hidden @ weight.T)): the token
-    loss against the target's whole next-token distribution (EAGLE-3's and HASS's distillation)
-    instead of its greedy token. The teacher's logits come from its own final-norm features
-    through the same (draft-vocabulary) lm_head rows, recomputed per chunk in the backward."""
+    loss against the target's next-token distribution (EAGLE-3's and HASS's distillation) instead
+    of its greedy token. The teacher's logits come from its own final-norm features through the
+    same lm_head rows (a pruned vocabulary's: the target's distribution renormalised on it),
+    recomputed per chunk in the backward."""
 
     @staticmethod
     def forward(ctx, hidden, weight, teacher):

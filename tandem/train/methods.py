@@ -270,6 +270,7 @@ class EagleMethod:
         self.cfg = cfg
         self.dtype = getattr(torch, cfg.compute_dtype)
         self.head_config = head_config_for_target(cfg.head_target_dir, fc_bias=True)
+        self._lm_head: torch.Tensor | None = None  # the target's whole lm_head, for the evaluation
 
     def build(self, data: ShardedData, saved: dict | None) -> EagleTrainHead:
         cfg = self.cfg
@@ -346,7 +347,7 @@ class EagleMethod:
 
     def _target_lm_head(self) -> torch.Tensor:
         """The target's whole lm_head (the head keeps only its draft vocabulary's rows)."""
-        if getattr(self, "_lm_head", None) is None:
+        if self._lm_head is None:
             self._lm_head = target_embeddings(self.cfg.head_target_dir, self.dtype)[1]
         return self._lm_head
 
