@@ -117,7 +117,7 @@ def sampled_acceptance(hidden: torch.Tensor, weight: torch.Tensor, teacher: torc
     softmax(teacher @ teacher_weight.T) the target's whole distribution (mass outside the draft
     vocabulary can never be accepted)."""
     out = torch.empty(hidden.shape[0], dtype=torch.float32)
-    weight, teacher_weight = weight.to(hidden.dtype), teacher_weight.to(teacher.dtype)
+    weight, teacher, teacher_weight = weight.to(hidden.dtype), teacher.to(hidden.dtype), teacher_weight.to(hidden.dtype)
     for start in range(0, hidden.shape[0], CHUNK_ROWS):
         rows = slice(start, start + CHUNK_ROWS)
         q = torch.softmax((hidden[rows] @ weight.T).float(), dim=-1)

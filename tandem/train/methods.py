@@ -91,12 +91,12 @@ def _chain_metrics(ranks: list[torch.Tensor], rows: torch.Tensor) -> dict:
 
 def _sampled_sums(accepts: list[torch.Tensor]) -> dict:
     """accepts: per draft depth, [A] the chance temperature-1 sampling accepts that depth's draft
-    from each anchor (0 past the answer's end) -> sums that merge across batches: per depth, and
-    of each anchor's expected tokens a verify yields, 1 + a_1 + a_1 a_2 + ... (every later draft
+    from each anchor (0 past the answer's end) -> sums that merge across batches: per depth, the
+    chance a chain is accepted that far (a_1 a_2 ... a_d, as the greedy accepted_rate_by_depth),
+    and each anchor's expected tokens a verify yields, 1 + a_1 + a_1 a_2 + ... (every later draft
     scored on the target's greedy continuation: an estimate, teacher-forced)."""
-    stacked = torch.stack(accepts)
-    return {"sampled_sums": {"by_depth": stacked.sum(1).tolist(),
-                             "accepted_length": float((1 + torch.cumprod(stacked, 0).sum(0)).sum())}}
+    reached = torch.cumprod(torch.stack(accepts), 0)  # the chance a chain from the anchor gets past depth d
+    return {"sampled_sums": {"by_depth": reached.sum(1).tolist(), "accepted_length": float((1 + reached.sum(0)).sum())}}
 
 
 def walk_histogram(lengths: torch.Tensor, rows: torch.Tensor, longest: int) -> list[int]:
@@ -210,7 +210,7 @@ def _describe_sampled(metrics: dict) -> str:
     if "t1_accepted_length" not in metrics:
         return ""
     return (f"; temperature 1, chains of {metrics['chain_length']} (teacher-forced estimate over every anchor): "
-            f"{metrics['t1_accepted_length']:.3f} (accepted by depth {metrics['t1_accept_by_depth']})")
+            f"{metrics['t1_accepted_length']:.3f} (depth 1..k {metrics['t1_accept_by_depth']})")
 
 
 def _describe_static(metrics: dict) -> str:

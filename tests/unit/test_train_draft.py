@@ -176,6 +176,20 @@ def test_quick_eagle_with_soft_labels_lowers_the_loss(tiny, data_dir, tmp_path):
     cfg = quick_config(tiny, tmp_path / "soft", data_dir, "--method", "eagle", "--soft-labels", "--ttt-steps", "2")
     record = train_quick(cfg)
     assert cfg.soft_labels and record["status"] == "done"
+    token_loss = [h["ce"] for h in record["history"]]  # the KL term alone falls, not only the feature loss
+    assert token_loss[-1] < 0.8 * token_loss[0]
+    # wiring: step 0's token loss is the KL from the distribution of the feature one position on
+    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)))
+    method = DRAFT_METHODS["eagle"](cfg)
+    head, batch = method.build(data, None), data.batch(range(4))
+    with torch.no_grad():
+        _, metrics = method.loss(head, batch)
+        mask = batch.answer_mask(2)
+        predicted = head.unroll(batch.tokens, batch.features, 1)[0][mask]
+        teacher = batch.features[:, 1:][mask[:, :-1]]
+        want = F.kl_div(F.log_softmax(predicted @ head.lm_head.T, -1), F.log_softmax(teacher @ head.lm_head.T, -1),
+                        log_target=True, reduction="batchmean")
+    assert metrics["ce"] == pytest.approx(float(want), rel=1e-4)
     assert full_data_loss(cfg, load_checkpoint(cfg.run_dir)["model"]) < 0.9 * full_data_loss(cfg, None)
     assert "KL from the target's distribution" in (cfg.run_dir / "head" / "README.md").read_text()
 
@@ -248,9 +262,9 @@ def test_quick_eagle_lowers_the_loss_and_writes_a_head_that_loads(eagle_run, tin
     ev = written["evaluation"]
     assert 0 <= ev["heldout_top1"] <= 1 and ev["mean_accepted_length"] >= 1
     assert ev["tree_accepted_length"]["top3"] >= ev["tree_accepted_length"]["top2"] >= ev["mean_accepted_length"]
-    t1 = ev["t1_accept_by_depth"]
-    assert len(t1) == ev["chain_length"] and all(0 < a < 1 for a in t1)
-    assert 1 + t1[0] - 1e-3 < ev["t1_accepted_length"] < 1 + sum(t1)
+    t1 = ev["t1_accept_by_depth"]  # the chance of reaching each depth at temperature 1: falls with depth
+    assert len(t1) == ev["chain_length"] and 1 > t1[0] >= t1[1] >= t1[2] >= t1[3] > 0
+    assert ev["t1_accepted_length"] == pytest.approx(1 + sum(t1), abs=1e-3)
     assert (cfg.run_dir / "head" / "README.md").read_text().startswith("# eagle draft head")
 
 
