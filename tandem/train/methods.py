@@ -326,7 +326,7 @@ class EagleMethod:
             ce, hits, _ = linear_cross_entropy(predicted, head.lm_head, labels, with_hits=with_hits)
             return ce, hits
         kl = linear_soft_cross_entropy(predicted, head.lm_head, wanted)
-        return kl, top1_hits(predicted, head.lm_head.to(predicted.dtype), labels) if with_hits else None
+        return kl, top1_hits(predicted, head.lm_head, labels) if with_hits else None
 
     @torch.no_grad()
     def evaluate(self, head: EagleTrainHead, batches) -> dict:
@@ -340,13 +340,15 @@ class EagleMethod:
                 valid = batch.answer_mask(s + 2)[anchors]
                 ranks.append(draft_ranks(top, wanted, valid))
                 accept = sampled_acceptance(predicted[anchors], head.lm_head, shifted(batch.features, s + 1)[anchors],
-                                            self._target_lm_head(), head.d2t)
+                                            self._target_lm_head(head), head.d2t)
                 accepts.append(accept * valid)
             parts.append(_chain_metrics(ranks, anchor_rows(anchors)) | _sampled_sums(accepts))
         return _merge(parts)
 
-    def _target_lm_head(self) -> torch.Tensor:
-        """The target's whole lm_head (the head keeps only its draft vocabulary's rows)."""
+    def _target_lm_head(self, head: EagleTrainHead) -> torch.Tensor:
+        """The target's whole lm_head: the head's own without a pruned vocabulary, else read once."""
+        if head.d2t is None:
+            return head.lm_head
         if self._lm_head is None:
             self._lm_head = target_embeddings(self.cfg.head_target_dir, self.dtype)[1]
         return self._lm_head
