@@ -1,5 +1,5 @@
-"""The EAGLE-1/2 draft head (Li et al., SafeAILab/EAGLE `eagle/model/cnets1.py`): one Llama
-decoder layer that predicts the target's next final-norm hidden state.
+"""The EAGLE-1/2 draft head (Li et al., SafeAILab/EAGLE `eagle/model/cnets1.py`): Llama decoder
+layers (published heads have one) that predict the target's next final-norm hidden state.
 
 Words:
 - feature f_i: the target's final-norm hidden state at position i (what LlamaModel.forward
@@ -11,7 +11,9 @@ Words:
 For pair i at position i:  x = fc(cat(embed(t_{i+1}), f_i))   (embedding first, as EAGLE does)
                            h = x + attn(x)                    (no input norm on layer 0: EAGLE skips it)
                            f^_{i+1} = h + mlp(rms_norm(h))    (no final norm)
-The head shares the target's embedding and lm_head and keeps its own 1-layer paged KV cache.
+A head of more layers runs each later one as a Llama layer (input norm included) on h between
+these two lines and the next. The head shares the target's embedding and lm_head and keeps its own
+paged KV cache, one KV layer per decoder layer.
 """
 
 import json
@@ -26,7 +28,7 @@ from tandem.attention.base import AttentionBackend
 from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
-from tandem.models.eagle_io import LAYER, read_draft_vocab, read_eagle_checkpoint, read_tensors, widen_vocab
+from tandem.models.eagle_io import layer_prefix, read_draft_vocab, read_eagle_checkpoint, read_tensors, widen_vocab
 from tandem.models.linear import Int8Linear, Linear, choose_cpu_kernels, make_head_projection
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
 from tandem.models.rope import inverse_frequencies, rope_tables, signed_sin
@@ -46,12 +48,13 @@ class EagleConfig:
     max_position_embeddings: int
     fc_bias: bool  # config "bias", default true as in EAGLE
     qkv_bias: bool  # config "qkv_bias" (EAGLE heads of Qwen2 targets)
+    num_layers: int = 1  # config "num_hidden_layers"; layers after the first apply their input norm
 
     @staticmethod
     def from_dict(raw: dict) -> "EagleConfig":
         layers = raw.get("num_hidden_layers", 1)
-        if layers != 1:
-            raise InvalidArgument(f"EAGLE head config num_hidden_layers is {layers}; only 1-layer heads are supported")
+        if not isinstance(layers, int) or layers < 1:
+            raise InvalidArgument(f"EAGLE head config num_hidden_layers is {layers!r}; it must be 1 or more")
         act = raw.get("hidden_act", "silu")
         if act != "silu":
             raise InvalidArgument(f"EAGLE head config hidden_act is {act!r}; only 'silu' is supported")
@@ -67,16 +70,17 @@ class EagleConfig:
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             fc_bias=bool(raw.get("bias", True)),
             qkv_bias=bool(raw.get("qkv_bias", False)),
+            num_layers=layers,
         )
 
     def model_config(self) -> ModelConfig:
-        """The view our attention code and KV-cache sizing read: one layer, no sliding window."""
+        """The view our attention code and KV-cache sizing read: the head's layers, no sliding window."""
         return ModelConfig(
             architecture="llama",
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,
-            num_layers=1,
+            num_layers=self.num_layers,
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
@@ -92,13 +96,13 @@ class EagleConfig:
 
 class EagleHead:
     """Projections in nn.Linear's [out, in] layout (tandem.models.linear), int8 or in the head's
-    dtype; `layer.input_norm` is never read."""
+    dtype; layer 0's `input_norm` is never read (EAGLE's first layer has none)."""
 
     def __init__(
         self,
         config: EagleConfig,
         fc: Linear | Int8Linear,  # 2D -> D: inputs 0..D-1 take the embedding, D..2D-1 the feature
-        layer: LayerWeights,
+        layers: list[LayerWeights],
         embed: torch.Tensor,  # [V, D], the target's
         lm_head: torch.Tensor,  # [V, D], the target's
         rope_cos: torch.Tensor,  # [max_positions, head_dim] fp32
@@ -111,13 +115,13 @@ class EagleHead:
         assert fc.weight.shape == (d, 2 * d), fc.weight.shape
         assert embed.shape[1] == d and lm_head.shape[1] == d, (embed.shape, lm_head.shape)
         self.config = config
-        self.fc, self.layer = fc, layer
+        self.fc, self.layers = fc, layers
         self.embed, self.vocab_size = embed, lm_head.shape[0]
         # A pruned vocabulary scores only its tokens (EAGLE-3's d2t): a smaller lm_head, and the
         # rest of the vocabulary at -inf, so the draft never proposes what it was not trained on.
         self.vocab_ids = vocab_ids
         self.lm_head = make_head_projection(lm_head if vocab_ids is None else lm_head[vocab_ids], lm_head_int8)
-        self.dtype = layer.post_norm.dtype  # the head's compute dtype (int8 projections' too)
+        self.dtype = layers[0].post_norm.dtype  # the head's compute dtype (int8 projections' too)
         self.rope_cos = rope_cos.to(self.dtype)
         self.rope_sin = signed_sin(rope_sin).to(self.dtype)
         self.backend = backend
@@ -133,14 +137,18 @@ class EagleHead:
         tokens: torch.Tensor,  # [T] int64: t_{i+1} of each packed pair
         features: torch.Tensor,  # [T, D]: f_i (any float dtype; cast to the head's)
         batch: ForwardBatch,  # positions i, slot_mapping, plan; batch.input_ids is not read
-        cache: PagedKVCache,  # the head's own, 1 layer
+        cache: PagedKVCache,  # the head's own, one KV layer per decoder layer
     ) -> torch.Tensor:  # [T, D]: the predicted features f^_{i+1}
         assert tokens.shape[0] == features.shape[0] == batch.positions.shape[0], (tokens.shape, features.shape)
         x = torch.cat((F.embedding(tokens, self.embed), features.to(self.dtype)), dim=-1)
         h = self.fc(x)
         cos, sin = self.rope_cos[batch.positions], self.rope_sin[batch.positions]
-        h = h + attention_block(self._model_config, 0, self.layer, h, cos, sin, batch, cache, self.backend)
-        return h + mlp_block(self.layer, rms_norm(h, self.layer.post_norm, self.config.rms_norm_eps))
+        eps = self.config.rms_norm_eps
+        for index, layer in enumerate(self.layers):
+            x = h if index == 0 else rms_norm(h, layer.input_norm, eps)
+            h = h + attention_block(self._model_config, index, layer, x, cos, sin, batch, cache, self.backend)
+            h = h + mlp_block(layer, rms_norm(h, layer.post_norm, eps))
+        return h
 
     @torch.inference_mode()
     def logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -160,8 +168,8 @@ class EagleHead:
 
 def build_head_weights(
     config: EagleConfig, state: dict[str, torch.Tensor], dtype: torch.dtype, device, int8: bool = False
-) -> tuple[Linear | Int8Linear, LayerWeights]:
-    """(fc, layer) from a public state dict; checks every key and shape. int8: the projections
+) -> tuple[Linear | Int8Linear, list[LayerWeights]]:
+    """(fc, layers) from a public state dict; checks every key and shape. int8: the projections
     hold int8 weights, one scale per row (CPU; tandem.models.linear.Int8Linear), norms and
     biases stay in `dtype`."""
     if "d2t" in state or any(k.startswith("midlayer.") for k in state):
@@ -176,40 +184,45 @@ def build_head_weights(
             raise InvalidArgument(f"EAGLE weight {name} has shape {list(w.shape)}, config wants {list(expected[name])}")
         return w.to(device=device, dtype=dtype)
 
-    p = LAYER + "self_attn."
-    qkv_bias = None
-    if config.qkv_bias:
-        qkv_bias = torch.cat([take(p + f"{n}_proj.bias") for n in "qkv"])
     project = lambda weight, bias=None: make_head_projection(weight, int8, bias)  # noqa: E731
-    layer = LayerWeights(
-        input_norm=torch.ones(config.hidden_size, dtype=dtype, device=device),  # unused
-        qkv=project(torch.cat([take(p + f"{n}_proj.weight") for n in "qkv"]), qkv_bias),
-        o=project(take(p + "o_proj.weight")),
-        post_norm=take(LAYER + "post_attention_layernorm.weight").contiguous(),
-        gate_up=project(torch.cat([take(LAYER + "mlp.gate_proj.weight"), take(LAYER + "mlp.up_proj.weight")])),
-        down=project(take(LAYER + "mlp.down_proj.weight")),
-    )
-    return project(take("fc.weight"), take("fc.bias") if config.fc_bias else None), layer
+
+    def layer(index: int) -> LayerWeights:
+        p = layer_prefix(index)
+        qkv_bias = torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if config.qkv_bias else None
+        return LayerWeights(
+            input_norm=(torch.ones(config.hidden_size, dtype=dtype, device=device) if index == 0  # unused
+                        else take(p + "input_layernorm.weight").contiguous()),
+            qkv=project(torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]), qkv_bias),
+            o=project(take(p + "self_attn.o_proj.weight")),
+            post_norm=take(p + "post_attention_layernorm.weight").contiguous(),
+            gate_up=project(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])),
+            down=project(take(p + "mlp.down_proj.weight")),
+        )
+
+    fc = project(take("fc.weight"), take("fc.bias") if config.fc_bias else None)
+    return fc, [layer(index) for index in range(config.num_layers)]
 
 
 def _expected_shapes(c: EagleConfig) -> dict[str, tuple[int, ...]]:
     d, q, kv = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    p = LAYER
-    return {
-        "fc.weight": (d, 2 * d),
-        "fc.bias": (d,),
-        p + "self_attn.q_proj.weight": (q, d),
-        p + "self_attn.k_proj.weight": (kv, d),
-        p + "self_attn.v_proj.weight": (kv, d),
-        p + "self_attn.q_proj.bias": (q,),
-        p + "self_attn.k_proj.bias": (kv,),
-        p + "self_attn.v_proj.bias": (kv,),
-        p + "self_attn.o_proj.weight": (d, q),
-        p + "mlp.gate_proj.weight": (c.intermediate_size, d),
-        p + "mlp.up_proj.weight": (c.intermediate_size, d),
-        p + "mlp.down_proj.weight": (d, c.intermediate_size),
-        p + "post_attention_layernorm.weight": (d,),
-    }
+    shapes = {"fc.weight": (d, 2 * d), "fc.bias": (d,)}
+    for index in range(c.num_layers):
+        p = layer_prefix(index)
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, d),
+            p + "self_attn.k_proj.weight": (kv, d),
+            p + "self_attn.v_proj.weight": (kv, d),
+            p + "self_attn.q_proj.bias": (q,),
+            p + "self_attn.k_proj.bias": (kv,),
+            p + "self_attn.v_proj.bias": (kv,),
+            p + "self_attn.o_proj.weight": (d, q),
+            p + "mlp.gate_proj.weight": (c.intermediate_size, d),
+            p + "mlp.up_proj.weight": (c.intermediate_size, d),
+            p + "mlp.down_proj.weight": (d, c.intermediate_size),
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+        }
+    return shapes
 
 
 def load_eagle_head(
@@ -238,14 +251,15 @@ def load_eagle_head(
         raise InvalidArgument(
             f"EAGLE head vocab_size {config.vocab_size} does not match the target's {target.vocab_size}"
         )
-    fc, layer = build_head_weights(config, state, dtype, device, head_int8)
+    fc, layers = build_head_weights(config, state, dtype, device, head_int8)
     embed, lm_head = _target_embeddings(target, Path(target_dir), dtype, device)
     inv_freq, scaling = _head_rope(Path(head_dir), raw)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)
     vocab_ids = read_draft_vocab(Path(head_dir), config.vocab_size, device)
-    head = EagleHead(config, fc, layer, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids, lm_head_int8)
+    head = EagleHead(config, fc, layers, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids, lm_head_int8)
     if torch.device(device).type == "cpu":  # the draft process's own kernels: its small weights, else its lm_head
-        own = [p for p in (fc, layer.qkv, layer.o, layer.gate_up, layer.down) if isinstance(p, Linear)]
+        projections = [fc] + [p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        own = [p for p in projections if isinstance(p, Linear)]
         timed = own or [p for p in (head.lm_head,) if isinstance(p, Linear)]
         if timed:
             choose_cpu_kernels(timed)

@@ -1,7 +1,7 @@
 """EAGLE-1/2 draft-head checkpoints in the public layout of SafeAILab/EAGLE (for example
 yuhuili/EAGLE-llama2-chat-7B): reading, writing and random ones for tests.
 
-A head folder holds `config.json`, a LlamaConfig with `num_hidden_layers` 1 and often `bias`
+A head folder holds `config.json`, a LlamaConfig with `num_hidden_layers` (1 in published heads) and often `bias`
 (whether `fc` has a bias; EAGLE reads it with a default of true), and the weights as
 `pytorch_model.bin` (a torch.save'd state dict; preferred when both exist, as EAGLE does) or
 `model.safetensors`. Keys, with the [out, in] layout of nn.Linear:
@@ -11,6 +11,7 @@ A head folder holds `config.json`, a LlamaConfig with `num_hidden_layers` 1 and 
     layers.0.mlp.{gate,up,down}_proj.weight
     layers.0.post_attention_layernorm.weight
     layers.0.input_layernorm.weight   optional: EAGLE's layer 0 never applies it
+    layers.{j}.*                      the same for each later layer j, input_layernorm required
     embed_tokens.weight               optional: a copy of the target's; the head uses the target's
 
 This module only moves files; tandem.models.eagle checks the keys and builds the head.
@@ -27,7 +28,14 @@ from tandem.errors import InvalidArgument
 
 WEIGHT_FILES = {"bin": "pytorch_model.bin", "safetensors": "model.safetensors"}
 D2T_FILE = "d2t.safetensors"  # a pruned draft vocabulary, EAGLE-3's map (Medusa heads may carry one too)
-LAYER = "layers.0."
+
+
+def layer_prefix(index: int) -> str:
+    """The public checkpoint's prefix of decoder layer `index`."""
+    return f"layers.{index}."
+
+
+LAYER = layer_prefix(0)
 
 
 def read_eagle_checkpoint(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -121,7 +129,8 @@ def read_tensors(model_dir: Path, names: set[str]) -> dict[str, torch.Tensor]:
     return out
 
 
-def head_config_for_target(target_dir: Path, *, fc_bias: bool = True, intermediate_size: int | None = None) -> dict:
+def head_config_for_target(target_dir: Path, *, fc_bias: bool = True, intermediate_size: int | None = None,
+                           num_layers: int = 1) -> dict:
     """A public EAGLE config.json for a head sized like the target (its hidden size, heads, vocab
     and rope), in the pre-5.x key style public heads use (rope_theta, rope_scaling)."""
     raw = json.loads((Path(target_dir) / "config.json").read_text())
@@ -139,7 +148,7 @@ def head_config_for_target(target_dir: Path, *, fc_bias: bool = True, intermedia
         "num_attention_heads": heads,
         "num_key_value_heads": raw.get("num_key_value_heads") or heads,
         "head_dim": raw.get("head_dim") or raw["hidden_size"] // heads,
-        "num_hidden_layers": 1,
+        "num_hidden_layers": num_layers,
         "rms_norm_eps": raw.get("rms_norm_eps", 1e-6),
         "rope_theta": theta,
         "rope_scaling": scaling,
@@ -164,29 +173,32 @@ def random_eagle_state_dict(config: dict, *, seed: int = 0) -> dict[str, torch.T
     def vec(size: int, mean: float) -> torch.Tensor:
         return mean + 0.1 * torch.randn(size, generator=gen)
 
-    p = LAYER
-    state = {
-        "fc.weight": mat(d_model, 2 * d_model),
-        p + "self_attn.q_proj.weight": mat(heads * head_dim, d_model),
-        p + "self_attn.k_proj.weight": mat(kv_heads * head_dim, d_model),
-        p + "self_attn.v_proj.weight": mat(kv_heads * head_dim, d_model),
-        p + "self_attn.o_proj.weight": mat(d_model, heads * head_dim),
-        p + "mlp.gate_proj.weight": mat(inter, d_model),
-        p + "mlp.up_proj.weight": mat(inter, d_model),
-        p + "mlp.down_proj.weight": mat(d_model, inter),
-        p + "post_attention_layernorm.weight": vec(d_model, 1.0),
-    }
+    state = {"fc.weight": mat(d_model, 2 * d_model)}
     if config.get("bias", True):
         state["fc.bias"] = vec(d_model, 0.0)
-    if config.get("qkv_bias", False):
-        for name, width in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
-            state[p + f"self_attn.{name}_proj.bias"] = vec(width * head_dim, 0.0)
+    for index in range(config.get("num_hidden_layers", 1)):
+        p = layer_prefix(index)
+        state |= {
+            p + "self_attn.q_proj.weight": mat(heads * head_dim, d_model),
+            p + "self_attn.k_proj.weight": mat(kv_heads * head_dim, d_model),
+            p + "self_attn.v_proj.weight": mat(kv_heads * head_dim, d_model),
+            p + "self_attn.o_proj.weight": mat(d_model, heads * head_dim),
+            p + "mlp.gate_proj.weight": mat(inter, d_model),
+            p + "mlp.up_proj.weight": mat(inter, d_model),
+            p + "mlp.down_proj.weight": mat(d_model, inter),
+            p + "post_attention_layernorm.weight": vec(d_model, 1.0),
+        }
+        if index > 0:
+            state[p + "input_layernorm.weight"] = vec(d_model, 1.0)
+        if config.get("qkv_bias", False):
+            for name, width in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
+                state[p + f"self_attn.{name}_proj.bias"] = vec(width * head_dim, 0.0)
     return state
 
 
 def random_eagle_checkpoint(
-    out_dir: Path, target_dir: Path, *, seed: int = 0, fc_bias: bool = True, format: str = "bin"
+    out_dir: Path, target_dir: Path, *, seed: int = 0, fc_bias: bool = True, format: str = "bin", num_layers: int = 1
 ) -> Path:
     """A random-weight EAGLE head sized for the target, written in the public format."""
-    config = head_config_for_target(target_dir, fc_bias=fc_bias)
+    config = head_config_for_target(target_dir, fc_bias=fc_bias, num_layers=num_layers)
     return save_eagle_checkpoint(out_dir, config, random_eagle_state_dict(config, seed=seed), format=format)

@@ -83,6 +83,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "ttt_steps", help="EAGLE: draft steps unrolled in training (1: EAGLE-1; >1: EAGLE-3 training-time test)")
     p.add_argument("--init-from-target", action="store_true", default=_env_flag("init_from_target"),
                    help="EAGLE: start the head's layer from the target's last decoder layer")
+    _flag(p, "draft_layers", help="EAGLE: decoder layers in the head (default 1, or --init-head's; more than "
+                                  "--init-head's adds layers that start out adding nothing)")
     _flag(p, "init_head", str, "EAGLE: start from this head folder's weights and draft vocabulary (e.g. "
                                "heads/eagle-smollm2-135m, to train it on more answers with --skip-prompts)")
     _flag(p, "draft_vocab", help="prune the draft vocabulary to the N most frequent answer tokens (0: full); "
@@ -126,7 +128,7 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
         show_progress=True, ce_weight=_pick(args, "ce_weight", mode, 0.1), ttt_steps=_pick(args, "ttt_steps", mode, 1),
         soft_labels=args.soft_labels,
         init_from_target=args.init_from_target, init_head=Path(args.init_head) if args.init_head else None,
-        draft_vocab=_pick(args, "draft_vocab", mode, 0),
+        draft_vocab=_pick(args, "draft_vocab", mode, 0), draft_layers=_pick(args, "draft_layers", mode, 0),
         medusa_heads=_pick(args, "medusa_heads", mode, 4), medusa_layers=_pick(args, "medusa_layers", mode, 1),
         medusa_lm_head=args.medusa_lm_head, eval_mtbench=_pick(args, "eval_mtbench", mode, 0),
         extra_data=tuple(Path(d) for d in args.extra_data),
@@ -134,12 +136,15 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
 
 
 def _check_flags(args) -> None:
-    for name, least in (("skip_prompts", 0), ("steps", 0), ("batch_size", 1), ("ttt_steps", 1), ("num_prompts", 1)):
+    for name, least in (("skip_prompts", 0), ("steps", 0), ("batch_size", 1), ("ttt_steps", 1), ("num_prompts", 1),
+                        ("draft_layers", 1)):
         value = getattr(args, name)
         if value is not None and value < least:
             raise SystemExit(f"tandem train-draft: --{name.replace('_', '-')} must be {least} or more, not {value}")
     if args.turn != 1 and args.quick:
         raise SystemExit("tandem train-draft: --turn 2 takes ShareGPT's conversations; --quick has single prompts")
+    if args.draft_layers is not None and args.method != "eagle":
+        raise SystemExit("tandem train-draft: --draft-layers is for EAGLE heads")
     if args.soft_labels and args.method != "eagle":
         raise SystemExit("tandem train-draft: --soft-labels is for EAGLE (Medusa's heads train on the target's tokens)")
     if not args.init_head:

@@ -43,6 +43,7 @@ class TrainConfig:
     soft_labels: bool = False  # token loss: KL from the target's distribution, not CE on its greedy token
     ttt_steps: int = 1  # draft steps unrolled in training (1: EAGLE-1 teacher forcing; >1: EAGLE-3's TTT)
     init_from_target: bool = False  # the head's layer starts as the target's last decoder layer
+    draft_layers: int = 0  # decoder layers of the head; 0: the --init-head's (or resumed run's), else 1
     init_head: Path | None = None  # a head folder whose weights and draft vocabulary the run starts from
     draft_vocab: int = 0  # 0: the full vocabulary; N: the N most frequent answer tokens (EAGLE-3 d2t)
     eval_chain: int = 4  # k of the greedy chains whose accepted length is estimated

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from tandem.errors import InvalidArgument
 from tandem.models.eagle_io import (D2T_FILE, head_config_for_target, read_draft_vocab, read_eagle_checkpoint, read_tensors,
                                     save_eagle_checkpoint, write_draft_vocab)
 from tandem.models.medusa import PREFIX, read_medusa_checkpoint, save_medusa_checkpoint
@@ -255,6 +256,12 @@ def _merge(parts: list[dict]) -> dict:
     return out | _walk_metrics(walks)
 
 
+def saved_layers(state: dict) -> int:
+    """The decoder layers of an EAGLE head's training state dict (one when it predates the list)."""
+    names = {k.split(".")[1] for k in state if k.startswith("layers.")}
+    return max(len(names), 1)
+
+
 def frequent_tokens(data: ShardedData, vocab_size: int, n: int) -> torch.Tensor | None:
     """The target ids of the n most frequent answer tokens, ascending: a pruned draft vocabulary
     (None when n is 0 or covers the vocabulary)."""
@@ -278,20 +285,30 @@ class EagleMethod:
         d2t = saved.get("d2t") if saved else None
         if d2t is None:
             d2t = frequent_tokens(data, embed.shape[0], cfg.draft_vocab)
-        return self._head(embed, lm_head, d2t, init_from_target=cfg.init_from_target and not saved)
+        layers = saved_layers(saved) if saved else cfg.draft_layers or 1
+        if cfg.draft_layers and cfg.draft_layers != layers:
+            raise InvalidArgument(f"the run holds a {layers}-layer head; resume it without --draft-layers {cfg.draft_layers}")
+        return self._head(embed, lm_head, d2t, layers, init_from_target=cfg.init_from_target and not saved)
 
     def load(self, head_dir: Path) -> EagleTrainHead:
         """A head folder (a shipped head) as a training module, to evaluate it or to train it on
-        (--init-head), with its own draft vocabulary."""
+        (--init-head), with its own draft vocabulary; --draft-layers above the head's own adds
+        layers that start out adding nothing (tandem.train.eagle_head: load_public_state)."""
+        raw, state = read_eagle_checkpoint(head_dir)
+        held = raw.get("num_hidden_layers", 1)
+        layers = self.cfg.draft_layers or held
+        if layers < held:
+            raise InvalidArgument(f"--draft-layers {layers} is below the {held} layers of the head in {head_dir}")
         embed, lm_head = target_embeddings(self.cfg.head_target_dir, self.dtype)
-        head = self._head(embed, lm_head, read_draft_vocab(head_dir, embed.shape[0]), init_from_target=False)
-        head.load_public_state(read_eagle_checkpoint(head_dir)[1])
+        head = self._head(embed, lm_head, read_draft_vocab(head_dir, embed.shape[0]), layers, init_from_target=False)
+        head.load_public_state(state, grow=layers > held)
         return head
 
-    def _head(self, embed, lm_head, d2t, *, init_from_target: bool) -> EagleTrainHead:
+    def _head(self, embed, lm_head, d2t, layers: int, *, init_from_target: bool) -> EagleTrainHead:
         cfg = self.cfg
         if d2t is not None:
             self.head_config["draft_vocab_size"] = len(d2t)
+        self.head_config["num_hidden_layers"] = layers
         inv_freq, scaling = inverse_frequencies(cfg.head_target_dir)
         longest = cfg.data.max_prompt_tokens + cfg.data.max_new_tokens + max(cfg.ttt_steps, cfg.eval_chain) + 1
         cos, sin = rope_tables(inv_freq, scaling, longest)

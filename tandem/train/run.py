@@ -102,6 +102,8 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     d2t = getattr(module, "d2t", None)  # EAGLE's map: an --init-head run keeps the head's
     record.update(data_summary(cfg, data, heldout), steps=result["step"], history=result["history"],
                   evaluation=evaluation, draft_vocab=len(d2t) if d2t is not None else cfg.draft_vocab)
+    if cfg.method == "eagle":
+        record["draft_layers"] = len(module.layers)
     return _finish(run_dir, cfg, record, sitting, started, status=result["status"])
 
 
@@ -159,11 +161,15 @@ def _finish(run_dir: Path, cfg: TrainConfig, record: dict, sitting: dict, starte
     return record
 
 
+def _layers(count: int) -> str:
+    return "one decoder layer" if count == 1 else f"{count} decoder layers"
+
+
 def model_card(cfg: TrainConfig, record: dict) -> str:
     ev, data, last = record.get("evaluation", {}), record.get("data", {}), (record.get("history") or [{}])[-1]
     if cfg.method == "eagle":
         token_loss = "KL from the target's distribution" if cfg.soft_labels else "CE on the target's greedy token"
-        arch = (f"EAGLE-1 head (fc over [embed(t_{{i+1}}); f_i] + one decoder layer; the target's embedding "
+        arch = (f"EAGLE-1 head (fc over [embed(t_{{i+1}}); f_i] + {_layers(record.get('draft_layers', 1))}; the target's embedding "
                 f"and lm_head), loss SmoothL1(features) + {cfg.ce_weight} x {token_loss}, {cfg.ttt_steps} draft step(s) "
                 f"unrolled in training{', layer initialised from the target' if cfg.init_from_target else ''}"
                 f"{f', started from the head in {cfg.init_head}' if cfg.init_head else ''}")

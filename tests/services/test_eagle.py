@@ -17,11 +17,6 @@ from tests.services.eagle_fixtures import reference, tiny_model, trained_head  #
 from tests.services.test_generate import greedy, sampled
 
 @pytest.fixture(scope="module")
-def random_head(tiny_model, tmp_path_factory):
-    return random_eagle_checkpoint(tmp_path_factory.mktemp("heads") / "random", tiny_model, seed=3)
-
-
-@pytest.fixture(scope="module")
 def eagle(tiny_model, trained_head):
     s = start_services(tiny_model, draft_model=trained_head, router={"spec_draft_length": 4})
     yield s
@@ -57,8 +52,11 @@ def test_trained_head_greedy_equals_target_and_accepts(eagle, reference):
     assert draft.sequences_live == 0 and draft.kv_pages_free == draft.kv_pages_total
 
 
-def test_random_head_greedy_equals_target(tiny_model, random_head, reference):
-    s = start_services(tiny_model, draft_model=random_head, router={"spec_draft_length": 3})
+@pytest.mark.parametrize("layers, draft", [(1, {}), (2, {"shape": "tree", "tree_top_k": 2, "tree_node_budget": 6})])
+def test_random_head_greedy_equals_target(tiny_model, reference, tmp_path, layers, draft):
+    """Also a head of two decoder layers (a KV layer each in the draft's cache) drafting trees."""
+    head = random_eagle_checkpoint(tmp_path / "head", tiny_model, seed=3, num_layers=layers)
+    s = start_services(tiny_model, draft_model=head, router={"spec_draft_length": 3}, draft=draft)
     try:
         with ThreadPoolExecutor(4) as pool:
             outs = list(pool.map(lambda p: generate(s.stub, prompt=p, params=greedy())[0], TINY_PROMPTS))

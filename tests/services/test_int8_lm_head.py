@@ -26,7 +26,7 @@ def test_int8_lm_head_is_used_and_greedy_equals_target(eagle_int8, reference):
     head = eagle_int8.draft_engine.head
     assert type(head.lm_head).__name__ == "Int8Linear"
     int8_layer = eagle_int8.draft_engine.config.head_quant == "int8"
-    assert (type(head.fc).__name__ == type(head.layer.gate_up).__name__ == "Int8Linear") == int8_layer
+    assert (type(head.fc).__name__ == type(head.layers[0].gate_up).__name__ == "Int8Linear") == int8_layer
     drafted = accepted = 0
     with ThreadPoolExecutor(len(TINY_PROMPTS)) as pool:
         results = list(pool.map(lambda p: generate(eagle_int8.stub, prompt=p, params=greedy()), TINY_PROMPTS))

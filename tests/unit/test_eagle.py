@@ -56,9 +56,9 @@ def load(head_dir, target_dir) -> EagleHead:
     return load_eagle_head(head_dir, target_dir, dtype=torch.float32, backend=TorchAttention())
 
 
-def write_head(out_dir, target_dir, *, fmt="bin", fc_bias=True, qkv_bias=False, edit=None, config_edit=None):
+def write_head(out_dir, target_dir, *, fmt="bin", fc_bias=True, qkv_bias=False, layers=1, edit=None, config_edit=None):
     """A random head in the public format; `edit(state)` / `config_edit(config)` alter it first."""
-    config = head_config_for_target(target_dir, fc_bias=fc_bias)
+    config = head_config_for_target(target_dir, fc_bias=fc_bias, num_layers=layers)
     config["qkv_bias"] = qkv_bias
     state = random_eagle_state_dict(config, seed=3)
     if edit:
@@ -79,13 +79,15 @@ class Reference(nn.Module):
         config._attn_implementation = "eager"
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=raw.get("bias", True))
         self.fc.load_state_dict({k[3:]: v for k, v in state.items() if k.startswith("fc.")})
-        self.layer = LlamaDecoderLayer(config, 0)
-        self.layer.input_layernorm = nn.Identity()  # EAGLE's layer 0 has no input norm
-        layer_state = {k[len("layers.0.") :]: v for k, v in state.items() if k.startswith("layers.0.")}
-        layer_state.pop("input_layernorm.weight", None)
-        if config.attention_bias:
-            layer_state["self_attn.o_proj.bias"] = torch.zeros(config.hidden_size)
-        self.layer.load_state_dict(layer_state)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, j) for j in range(config.num_hidden_layers))
+        self.layers[0].input_layernorm = nn.Identity()  # EAGLE's layer 0 has no input norm (cnets1: index != 0)
+        for j, layer in enumerate(self.layers):
+            layer_state = {k[len(f"layers.{j}.") :]: v for k, v in state.items() if k.startswith(f"layers.{j}.")}
+            if j == 0:
+                layer_state.pop("input_layernorm.weight", None)
+            if config.attention_bias:
+                layer_state["self_attn.o_proj.bias"] = torch.zeros(config.hidden_size)
+            layer.load_state_dict(layer_state)
         self.rotary = LlamaRotaryEmbedding(config)
         hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
         self.embed = hf.model.embed_tokens
@@ -98,8 +100,9 @@ class Reference(nn.Module):
         x = self.fc(torch.cat((self.embed(tokens), features), dim=-1))[None]
         positions = torch.arange(length)[None]
         mask = torch.full((length, length), float("-inf")).triu(1)[None, None]
-        out = self.layer(x, attention_mask=mask, position_ids=positions, position_embeddings=self.rotary(x, positions))
-        return out[0]
+        for layer in self.layers:
+            x = layer(x, attention_mask=mask, position_ids=positions, position_embeddings=self.rotary(x, positions))
+        return x[0]
 
 
 class HeadRunner:
@@ -178,6 +181,13 @@ def test_forward_matches_reference(target, tmp_path, fmt, fc_bias):
     check_against_reference(head_dir, target)
 
 
+def test_heads_of_more_layers_match_reference(target, tmp_path):
+    """Layers after EAGLE's first apply their input norm; each keeps its own KV layer."""
+    head_dir = write_head(tmp_path / "head", target, layers=3)
+    assert load(head_dir, target).model_config.num_layers == 3
+    check_against_reference(head_dir, target)
+
+
 def test_qkv_bias_heads_match_reference(target, tmp_path):
     check_against_reference(write_head(tmp_path / "head", target, qkv_bias=True), target)
 
@@ -253,11 +263,16 @@ def test_hidden_size_mismatch_with_target(target, tmp_path):
         load(head_dir, target)
 
 
-def test_eagle3_and_multi_layer_heads_are_refused(target, tmp_path):
+def test_eagle3_heads_and_missing_layers_are_refused(target, tmp_path):
     with pytest.raises(InvalidArgument, match="EAGLE-3"):
         load(write_head(tmp_path / "e3", target, edit=lambda s: s.update(d2t=torch.zeros(4, dtype=torch.long))), target)
-    with pytest.raises(InvalidArgument, match="num_hidden_layers"):
+    with pytest.raises(InvalidArgument, match=r"lacks weight layers\.1\."):
         load(write_head(tmp_path / "two", target, config_edit=lambda c: c.update(num_hidden_layers=2)), target)
+    with pytest.raises(InvalidArgument, match="lacks weight layers.1.input_layernorm.weight"):
+        load(write_head(tmp_path / "norm", target, layers=2, edit=lambda s: s.pop("layers.1.input_layernorm.weight")),
+             target)
+    with pytest.raises(InvalidArgument, match="num_hidden_layers is 0"):
+        load(write_head(tmp_path / "none", target, config_edit=lambda c: c.update(num_hidden_layers=0)), target)
 
 
 def test_missing_files(target, tmp_path):

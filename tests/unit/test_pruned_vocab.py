@@ -89,7 +89,7 @@ def test_int8_head_projections_predict_features_close_to_fp32(tmp_path):
     head_dir = random_eagle_checkpoint(tmp_path / "head", target, seed=1)
     heads = [load_eagle_head(head_dir, target, dtype=torch.float32, backend=TorchAttention(), head_int8=int8)
              for int8 in (False, True)]
-    layer = heads[1].layer
+    layer = heads[1].layers[0]
     assert all(isinstance(p, Int8Linear) for p in (heads[1].fc, layer.qkv, layer.o, layer.gate_up, layer.down))
     assert heads[1].dtype == torch.float32 and heads[1].fc.bias is not None
     d, tokens = heads[0].config.hidden_size, [5, 9, 2, 7]

@@ -271,7 +271,7 @@ def test_quick_eagle_lowers_the_loss_and_writes_a_head_that_loads(eagle_run, tin
 def run_loaded_head(head, tokens, features):
     """One prefill of pairs (tokens [n] = t_{i+1}, features [n, D] = f_i) in the head's paged cache;
     returns the predicted features [n, D] and a function that decodes one more pair."""
-    cache = PagedKVCache(num_layers=1, num_kv_heads=head.config.num_kv_heads, head_dim=head.config.head_dim,
+    cache = PagedKVCache(num_layers=head.config.num_layers, num_kv_heads=head.config.num_kv_heads, head_dim=head.config.head_dim,
                          num_pages=16, page_size=4, dtype=torch.float32)
 
     def step(toks, feats):
@@ -287,12 +287,14 @@ def run_loaded_head(head, tokens, features):
     return step(tokens, features), step
 
 
-def test_trained_eagle_head_computes_what_the_serving_head_computes(tiny, data_dir, tmp_path):
+@pytest.mark.parametrize("layers", [1, 2])
+def test_trained_eagle_head_computes_what_the_serving_head_computes(tiny, data_dir, tmp_path, layers):
     """Pruned vocabulary, 2 unrolled steps, layer from the target: the loaded head's prefill equals
     step 0 of the unroll, and a decode of (f^_{i+1}, t_{i+2}) equals step 1 at anchor i."""
     cfg = quick_config(tiny, tmp_path / "run", data_dir, "--ttt-steps", "2", "--draft-vocab", "100",
-                       "--init-from-target", "--steps", "5")
+                       "--init-from-target", "--steps", "5", "--draft-layers", str(layers))
     train_quick(cfg)
+    assert json.loads((cfg.run_dir / "head" / "config.json").read_text())["num_hidden_layers"] == layers
     assert json.loads((cfg.run_dir / "head" / "config.json").read_text())["draft_vocab_size"] == 100
     assert (cfg.run_dir / "head" / D2T_FILE).is_file()
     data = ShardedData(cfg.data_dir, [1])
@@ -429,6 +431,25 @@ def test_init_head_trains_on_from_a_heads_weights_and_vocabulary(tiny, data_dir,
         train_quick(dataclasses.replace(on, steps=6, resume=True, init_head=None))
 
 
+def test_init_head_grows_layers_that_start_out_adding_nothing(tiny, data_dir, tmp_path):
+    base = quick_config(tiny, tmp_path / "base", data_dir, "--steps", "20")
+    train_quick(base)
+    head = base.run_dir / "head"
+    grown = quick_config(tiny, tmp_path / "grown", data_dir, "--init-head", str(head), "--draft-layers", "2", "--steps", "3")
+    module = DRAFT_METHODS["eagle"](grown).load(head)
+    assert len(module.layers) == 2 and not module.layers[1].o_proj.weight.any()
+    assert full_data_loss(grown, module.state_dict()) == full_data_loss(base, load_checkpoint(base.run_dir)["model"])
+    record = train_quick(grown)
+    assert record["draft_layers"] == 2 and "2 decoder layers" in (grown.run_dir / "head" / "README.md").read_text()
+    served = load_eagle_head(grown.run_dir / "head", tiny, dtype=torch.float32, backend=TorchAttention())
+    assert served.model_config.num_layers == 2
+    assert train_quick(dataclasses.replace(grown, steps=5, resume=True, draft_layers=0))["steps"] == 5
+    with pytest.raises(InvalidArgument, match="holds a 2-layer head"):
+        train_quick(dataclasses.replace(grown, steps=6, resume=True, draft_layers=3))
+    with pytest.raises(InvalidArgument, match="--draft-layers 1 is below the 2 layers"):
+        DRAFT_METHODS["eagle"](dataclasses.replace(grown, draft_layers=1)).load(grown.run_dir / "head")
+
+
 def test_extra_data_trains_on_another_folders_shards_and_keeps_the_held_out_one(tiny, data_dir, tmp_path):
     other = quick_config(tiny, tmp_path / "other", tmp_path / "other-data", "--num-prompts", "8",
                          "--skip-prompts", "16", "--steps", "1")
@@ -474,12 +495,15 @@ def test_init_head_refuses_flags_it_would_ignore(tiny, tmp_path, flags, message)
         quick_config(tiny, tmp_path / "run", tmp_path / "data", "--init-head", str(tmp_path / "nowhere"))
 
 
-@pytest.mark.parametrize("flag, value", [("--skip-prompts", "-1"), ("--ttt-steps", "0"), ("--batch-size", "0")])
+@pytest.mark.parametrize("flag, value", [("--skip-prompts", "-1"), ("--ttt-steps", "0"), ("--batch-size", "0"),
+                                         ("--draft-layers", "0")])
 def test_out_of_range_sizes_are_refused_by_name(tiny, tmp_path, flag, value):
     with pytest.raises(SystemExit, match=f"{flag} must be"):
         quick_config(tiny, tmp_path / "run", tmp_path / "data", flag, value)
 
 
-def test_soft_labels_are_refused_for_medusa(tiny, tmp_path):
+def test_soft_labels_and_draft_layers_are_refused_for_medusa(tiny, tmp_path):
     with pytest.raises(SystemExit, match="--soft-labels is for EAGLE"):
         quick_config(tiny, tmp_path / "run", tmp_path / "data", "--method", "medusa", "--soft-labels")
+    with pytest.raises(SystemExit, match="--draft-layers is for EAGLE"):
+        quick_config(tiny, tmp_path / "run", tmp_path / "data", "--method", "medusa", "--draft-layers", "2")
