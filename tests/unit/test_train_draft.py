@@ -450,6 +450,18 @@ def test_init_head_grows_layers_that_start_out_adding_nothing(tiny, data_dir, tm
         DRAFT_METHODS["eagle"](dataclasses.replace(grown, draft_layers=1)).load(grown.run_dir / "head")
 
 
+def test_a_checkpoint_from_before_the_layer_list_resumes(eagle_run):
+    """Training checkpoints that named layer 0's parameters at the top level (q_proj.weight) load."""
+    cfg, _ = eagle_run
+    state = load_checkpoint(cfg.run_dir)["model"]
+    old = {k.removeprefix("layers.0."): v for k, v in state.items()}
+    assert "q_proj.weight" in old and "post_norm" in old
+    data = ShardedData(cfg.data_dir, [1])
+    head = DRAFT_METHODS["eagle"](cfg).build(data, old)
+    head.load_state_dict(old)
+    assert all(torch.equal(v, state[k]) for k, v in head.state_dict().items())
+
+
 def test_extra_data_trains_on_another_folders_shards_and_keeps_the_held_out_one(tiny, data_dir, tmp_path):
     other = quick_config(tiny, tmp_path / "other", tmp_path / "other-data", "--num-prompts", "8",
                          "--skip-prompts", "16", "--steps", "1")
