@@ -43,7 +43,7 @@ class DraftConfig:
     # int8 copy, one scale per row (CPU only; tandem.models.linear.Int8Linear), "none" in `dtype`.
     # Drafts only propose: verification stays the target's, lossless either way.
     lm_head_quant: str = "none"
-    # EAGLE: the head's own projections (fc and its decoder layer), "int8" or "none" as
+    # EAGLE: the head's own projections (fc and its decoder layers), "int8" or "none" as
     # lm_head_quant (CPU only). Medusa's residual blocks stay in `dtype`.
     head_quant: str = "none"
     # Medusa trees: a preset name of tandem.spec.token_tree or a JSON list of rank tuples.

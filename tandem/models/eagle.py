@@ -11,8 +11,8 @@ Words:
 For pair i at position i:  x = fc(cat(embed(t_{i+1}), f_i))   (embedding first, as EAGLE does)
                            h = x + attn(x)                    (no input norm on layer 0: EAGLE skips it)
                            f^_{i+1} = h + mlp(rms_norm(h))    (no final norm)
-A head of more layers runs each later one as a Llama layer (input norm included) on h between
-these two lines and the next. The head shares the target's embedding and lm_head and keeps its own
+A head of more layers runs each later one as a whole Llama layer (input norm included) on the
+output of the layer before it; the last layer's output is f^_{i+1}. The head shares the target's embedding and lm_head and keeps its own
 paged KV cache, one KV layer per decoder layer.
 """
 
@@ -53,7 +53,7 @@ class EagleConfig:
     @staticmethod
     def from_dict(raw: dict) -> "EagleConfig":
         layers = raw.get("num_hidden_layers", 1)
-        if not isinstance(layers, int) or layers < 1:
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
             raise InvalidArgument(f"EAGLE head config num_hidden_layers is {layers!r}; it must be 1 or more")
         act = raw.get("hidden_act", "silu")
         if act != "silu":
@@ -175,6 +175,10 @@ def build_head_weights(
     if "d2t" in state or any(k.startswith("midlayer.") for k in state):
         raise InvalidArgument("this is an EAGLE-3 checkpoint (midlayer / d2t keys); only EAGLE-1/2 heads are supported")
     expected = _expected_shapes(config)
+    extra = sorted({k.split(".")[1] for k in state if k.startswith("layers.")} - {str(j) for j in range(config.num_layers)})
+    if extra:
+        raise InvalidArgument(f"EAGLE checkpoint holds weights of layers {', '.join(extra)}; its config's "
+                              f"num_hidden_layers is {config.num_layers}")
 
     def take(name: str) -> torch.Tensor:
         if name not in state:
@@ -239,7 +243,7 @@ def load_eagle_head(
     """The head of `head_dir` (public EAGLE-1/2 format) with the embedding and lm_head of the
     target in `target_dir` (a safetensors folder, tied or not); rope from the head's config.
     lm_head_int8 / head_int8: the (pruned) lm_head / the head's own projections (fc and its
-    layer) with int8 weights (CPU)."""
+    decoder layers) with int8 weights (CPU)."""
     raw, state = read_eagle_checkpoint(head_dir)
     config = EagleConfig.from_dict(raw)
     target = ModelConfig.from_folder(target_dir)

@@ -35,9 +35,6 @@ def layer_prefix(index: int) -> str:
     return f"layers.{index}."
 
 
-LAYER = layer_prefix(0)
-
-
 def read_eagle_checkpoint(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """Returns (the raw config.json, the state dict on the CPU, public key names)."""
     head_dir = Path(head_dir)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from tandem.models.eagle_io import LAYER, head_config_for_target, save_eagle_checkpoint
+from tandem.models.eagle_io import head_config_for_target, layer_prefix, save_eagle_checkpoint
 from tandem.models.rope import inverse_frequencies, rope_tables
 
 PROMPT_LEN = 8
@@ -107,13 +107,14 @@ class TrainableEagle(nn.Module):
         return x * self.cos[:length] + rotated * self.sin[:length]
 
     def public_state_dict(self) -> dict[str, torch.Tensor]:
-        state = {"fc.weight": self.fc.weight, LAYER + "post_attention_layernorm.weight": self.post_norm}
+        p = layer_prefix(0)
+        state = {"fc.weight": self.fc.weight, p + "post_attention_layernorm.weight": self.post_norm}
         if self.fc.bias is not None:
             state["fc.bias"] = self.fc.bias
         for name in "qkvo":
-            state[LAYER + f"self_attn.{name}_proj.weight"] = getattr(self, f"{name}_proj").weight
+            state[p + f"self_attn.{name}_proj.weight"] = getattr(self, f"{name}_proj").weight
         for name in ("gate", "up", "down"):
-            state[LAYER + f"mlp.{name}_proj.weight"] = getattr(self, f"{name}_proj").weight
+            state[p + f"mlp.{name}_proj.weight"] = getattr(self, f"{name}_proj").weight
         return {k: v.detach().clone() for k, v in state.items()}
 
 

@@ -82,7 +82,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                         "vocabulary (its logits from the cached features) instead of CE on its greedy token")
     _flag(p, "ttt_steps", help="EAGLE: draft steps unrolled in training (1: EAGLE-1; >1: EAGLE-3 training-time test)")
     p.add_argument("--init-from-target", action="store_true", default=_env_flag("init_from_target"),
-                   help="EAGLE: start the head's layer from the target's last decoder layer")
+                   help="EAGLE: start the head's first layer from the target's last decoder layer")
     _flag(p, "draft_layers", help="EAGLE: decoder layers in the head (default 1, or --init-head's; more than "
                                   "--init-head's adds layers that start out adding nothing)")
     _flag(p, "init_head", str, "EAGLE: start from this head folder's weights and draft vocabulary (e.g. "
@@ -153,8 +153,8 @@ def _check_flags(args) -> None:
                                       ("--init-from-target", args.init_from_target),
                                       ("--draft-vocab", args.draft_vocab is not None),
                                       ("--eval-head", args.eval_head)) if given]
-    if clash:  # the head brings its own layer and vocabulary
-        raise SystemExit(f"tandem train-draft: --init-head is for EAGLE training and keeps the head's layer and "
+    if clash:  # the head brings its own layers and vocabulary
+        raise SystemExit(f"tandem train-draft: --init-head is for EAGLE training and keeps the head's layers and "
                          f"draft vocabulary; it cannot go with {', '.join(clash)}")
     if not (Path(args.init_head) / "config.json").is_file():
         raise SystemExit(f"tandem train-draft: --init-head {args.init_head} is not a head folder (no config.json)")

@@ -103,7 +103,6 @@ class EagleTrainHead(nn.Module):
             t2d = torch.full((vocab,), -100, dtype=torch.long)
             t2d[d2t] = torch.arange(len(d2t))
         self.register_buffer("t2d", t2d, persistent=False)  # target id -> draft id (-100: not in it)
-        self._register_load_state_dict_pre_hook(_one_layer_names)
 
     def unroll(self, tokens: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """tokens [N, L] int64, features [N, L, D] -> per step s, predicted features [N, L, D]:
@@ -157,14 +156,24 @@ class EagleTrainHead(nn.Module):
             self.layers[j].down_proj.weight.zero_()
 
 
-def _one_layer_names(state, prefix, *args) -> None:
-    """Training checkpoints written before the head had a list of layers named layer 0's
-    parameters at the top level (q_proj.weight, post_norm): they resume as layers.0."""
-    for name in [k for k in state if k.startswith(prefix) and k[len(prefix):].split(".")[0] in _LAYER_PARAMS]:
-        state[prefix + "layers.0." + name[len(prefix):]] = state.pop(name)
+_LAYER_PARAMS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-_LAYER_PARAMS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "post_norm"}
+def upgrade_one_layer_checkpoint(saved: dict) -> None:
+    """A training checkpoint (model and optimizer state) from before the head had a list of
+    layers, in place: layer 0's parameters were named at the top level (q_proj.weight,
+    post_norm), and post_norm, registered on the head itself, came first in the optimizer's
+    order (which keys its state by position): post_norm, fc.weight, [fc.bias], q_proj ...
+    down_proj. The layer list's order is fc.weight, [fc.bias], layers.0.post_norm, q_proj ..."""
+    model = saved["model"]
+    if "post_norm" not in model:
+        return
+    for name in [k for k in model if k == "post_norm" or k.split(".")[0] in _LAYER_PARAMS]:
+        model[layer_prefix(0) + name] = model.pop(name)
+    fc = 2 if "fc.bias" in model else 1
+    old = list(range(1, 1 + fc)) + [0] + list(range(1 + fc, 1 + fc + len(_LAYER_PARAMS)))
+    state = saved["optimizer"]["state"]
+    saved["optimizer"]["state"] = {new: state[i] for new, i in enumerate(old) if i in state}
 
 
 @torch.no_grad()

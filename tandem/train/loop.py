@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from tandem.errors import InvalidArgument
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import ShardedData, step_indices
 from tandem.train.progress import Bar
@@ -67,6 +68,16 @@ def load_checkpoint(run_dir: Path) -> dict | None:
     return torch.load(latest.parent / name, map_location="cpu", weights_only=True)
 
 
+def _check_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer keys its state by parameter position: state that does not fit its parameter
+    (a checkpoint of another head's shape or order) would crash AdamW's fused kernel."""
+    for param in optimizer.param_groups[0]["params"]:
+        moment = optimizer.state.get(param, {}).get("exp_avg")
+        if moment is not None and moment.shape != param.shape:
+            raise InvalidArgument(f"the checkpoint's optimizer state has a moment of shape {list(moment.shape)} "
+                                  f"for a parameter of shape {list(param.shape)}: it is another head's")
+
+
 def train(method, module: torch.nn.Module, data: ShardedData, cfg: TrainConfig, *, saved: dict | None,
           deadline: float | None, log: Callable[[str], None]) -> dict:
     """Runs steps up to cfg.steps (or the deadline); returns {"status", "step", "history",
@@ -77,6 +88,7 @@ def train(method, module: torch.nn.Module, data: ShardedData, cfg: TrainConfig, 
     step, history = 0, []
     if saved:
         optimizer.load_state_dict(saved["optimizer"])
+        _check_optimizer_state(optimizer)
         step, history = saved["step"], list(saved["history"])
     first, status, started, shown = step, "done", time.monotonic(), {}
     bar = Bar(cfg.steps, f"train {cfg.method}", initial=step, log=log, enabled=cfg.show_progress)

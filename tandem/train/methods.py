@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tandem.errors import InvalidArgument
+from tandem.models.eagle import EagleConfig
 from tandem.models.eagle_io import (D2T_FILE, head_config_for_target, read_draft_vocab, read_eagle_checkpoint, read_tensors,
                                     save_eagle_checkpoint, write_draft_vocab)
 from tandem.models.medusa import PREFIX, read_medusa_checkpoint, save_medusa_checkpoint
@@ -295,7 +296,7 @@ class EagleMethod:
         (--init-head), with its own draft vocabulary; --draft-layers above the head's own adds
         layers that start out adding nothing (tandem.train.eagle_head: load_public_state)."""
         raw, state = read_eagle_checkpoint(head_dir)
-        held = raw.get("num_hidden_layers", 1)
+        held = EagleConfig.from_dict(raw).num_layers
         layers = self.cfg.draft_layers or held
         if layers < held:
             raise InvalidArgument(f"--draft-layers {layers} is below the {held} layers of the head in {head_dir}")

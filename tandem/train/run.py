@@ -23,6 +23,7 @@ from tandem.errors import InvalidArgument
 from tandem.models.medusa import CHOICES_FILE, write_head_choices
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import ShardedData, eval_batches
+from tandem.train.eagle_head import upgrade_one_layer_checkpoint
 from tandem.train.loop import autocast, load_checkpoint, train
 from tandem.train.methods import D2T_FILE, DRAFT_METHODS, describe_chain, fitted_tree
 from tandem.train.mtbench_eval import evaluate_on_mtbench
@@ -111,6 +112,7 @@ def _start_module(method, cfg: TrainConfig, data: ShardedData, saved: dict | Non
     """A resumed run rebuilds from its checkpoint (weights and d2t map); a new one starts from
     --init-head's folder, or fresh."""
     if saved:
+        upgrade_one_layer_checkpoint(saved)  # an EAGLE run checkpointed before heads had a layer list
         module = method.build(data, saved["model"])
         module.load_state_dict(saved["model"])
         return module
@@ -171,7 +173,7 @@ def model_card(cfg: TrainConfig, record: dict) -> str:
         token_loss = "KL from the target's distribution" if cfg.soft_labels else "CE on the target's greedy token"
         arch = (f"EAGLE-1 head (fc over [embed(t_{{i+1}}); f_i] + {_layers(record.get('draft_layers', 1))}; the target's embedding "
                 f"and lm_head), loss SmoothL1(features) + {cfg.ce_weight} x {token_loss}, {cfg.ttt_steps} draft step(s) "
-                f"unrolled in training{', layer initialised from the target' if cfg.init_from_target else ''}"
+                f"unrolled in training{', first layer initialised from the target' if cfg.init_from_target else ''}"
                 f"{f', started from the head in {cfg.init_head}' if cfg.init_head else ''}")
         use = "tandem up --draft eagle --draft-model <this folder>"
     else:

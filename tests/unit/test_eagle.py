@@ -271,6 +271,8 @@ def test_eagle3_heads_and_missing_layers_are_refused(target, tmp_path):
     with pytest.raises(InvalidArgument, match="lacks weight layers.1.input_layernorm.weight"):
         load(write_head(tmp_path / "norm", target, layers=2, edit=lambda s: s.pop("layers.1.input_layernorm.weight")),
              target)
+    with pytest.raises(InvalidArgument, match="holds weights of layers 1; its config's num_hidden_layers is 1"):
+        load(write_head(tmp_path / "more", target, layers=2, config_edit=lambda c: c.update(num_hidden_layers=1)), target)
     with pytest.raises(InvalidArgument, match="num_hidden_layers is 0"):
         load(write_head(tmp_path / "none", target, config_edit=lambda c: c.update(num_hidden_layers=0)), target)
 

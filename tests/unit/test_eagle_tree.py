@@ -40,9 +40,11 @@ def model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
 
 
-@pytest.fixture(scope="module")
-def head_dir(model_dir, tmp_path_factory):
-    return random_eagle_checkpoint(tmp_path_factory.mktemp("heads") / "random", model_dir, seed=3)
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-layer", "2-layer"])
+def head_dir(model_dir, tmp_path_factory, request):
+    """Heads of one decoder layer and of two (each tree fork copies and keeps every KV layer)."""
+    return random_eagle_checkpoint(tmp_path_factory.mktemp("heads") / "random", model_dir, seed=3,
+                                   num_layers=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,7 @@ def reference_features(head, prefix_tokens, prefix_hidden, path_tokens) -> torch
     """Predicted features [1 + len(path), D] of the last real pair and of each path node,
     the path run causally after the real pairs, one pair per call as a chain drafts."""
     mc = head.model_config
-    cache = PagedKVCache(num_layers=1, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
+    cache = PagedKVCache(num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
                          num_pages=64, page_size=4, dtype=head.dtype)
     cache.allocator.add(1)
 

@@ -5,8 +5,10 @@ load (and that compute what the serving code computes), resume (step and optimiz
 and --max-minutes ending with a checkpoint. One tiny target and one data folder are shared.
 """
 
+import copy
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,8 @@ from tandem.spec.token_tree import sorted_choices
 from tandem.testing.tiny import build_tiny_model
 from tandem.train.cli_args import config_from_args
 from tandem.train.dataset import ShardedData
-from tandem.train.loop import load_checkpoint
+from tandem.train.eagle_head import upgrade_one_layer_checkpoint
+from tandem.train.loop import load_checkpoint, save_checkpoint
 from tandem.train.losses import IGNORE, linear_cross_entropy, linear_soft_cross_entropy, sampled_acceptance
 from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, STATIC_TREE_SIZES, _chain_metrics, _merge, anchor_rows,
                                   best_static_tree, draft_ranks, static_tree_lengths, static_tree_metrics, walk_histogram)
@@ -450,16 +453,30 @@ def test_init_head_grows_layers_that_start_out_adding_nothing(tiny, data_dir, tm
         DRAFT_METHODS["eagle"](dataclasses.replace(grown, draft_layers=1)).load(grown.run_dir / "head")
 
 
-def test_a_checkpoint_from_before_the_layer_list_resumes(eagle_run):
-    """Training checkpoints that named layer 0's parameters at the top level (q_proj.weight) load."""
+def test_a_checkpoint_from_before_the_layer_list_resumes(eagle_run, tmp_path):
+    """Training checkpoints that named layer 0's parameters at the top level, with post_norm
+    first in the optimizer's order, resume with every tensor in its place."""
     cfg, _ = eagle_run
-    state = load_checkpoint(cfg.run_dir)["model"]
-    old = {k.removeprefix("layers.0."): v for k, v in state.items()}
-    assert "q_proj.weight" in old and "post_norm" in old
-    data = ShardedData(cfg.data_dir, [1])
-    head = DRAFT_METHODS["eagle"](cfg).build(data, old)
-    head.load_state_dict(old)
-    assert all(torch.equal(v, state[k]) for k, v in head.state_dict().items())
+    saved = load_checkpoint(cfg.run_dir)
+    old = copy.deepcopy(saved)
+    old["model"] = {k.removeprefix("layers.0."): v for k, v in saved["model"].items()}
+    state = saved["optimizer"]["state"]  # now: fc.weight, fc.bias, post_norm, q_proj ...; then: post_norm first
+    old["optimizer"]["state"] = {0: state[2], 1: state[0], 2: state[1], **{i: state[i] for i in range(3, len(state))}}
+    upgraded = copy.deepcopy(old)
+    upgrade_one_layer_checkpoint(upgraded)
+    assert upgraded["model"].keys() == saved["model"].keys()
+    for i, moments in saved["optimizer"]["state"].items():
+        assert all(torch.equal(v, upgraded["optimizer"]["state"][i][k]) for k, v in moments.items())
+    run = dataclasses.replace(cfg, run_dir=tmp_path / "run", steps=cfg.steps + 2, resume=True)
+    shutil.copytree(cfg.run_dir, run.run_dir)
+    save_checkpoint(run.run_dir, old)
+    assert train_quick(run)["steps"] == cfg.steps + 2
+    mismatched = dataclasses.replace(run, steps=cfg.steps + 4)
+    broken = copy.deepcopy(saved)
+    broken["optimizer"]["state"] = {0: state[2], 1: state[0], 2: state[1], **{i: state[i] for i in range(3, len(state))}}
+    save_checkpoint(run.run_dir, broken)
+    with pytest.raises(InvalidArgument, match="optimizer state has a moment of shape"):
+        train_quick(mismatched)
 
 
 def test_extra_data_trains_on_another_folders_shards_and_keeps_the_held_out_one(tiny, data_dir, tmp_path):
