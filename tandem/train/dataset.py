@@ -63,6 +63,9 @@ class ShardedData:
         slot, start, length, _ = self.rows[index]
         return self.tokens[slot][start : start + length]
 
+    def answer_of(self, index: int) -> np.ndarray:
+        return self.tokens_of(index)[self.rows[index][3] :]
+
     def batch(self, indices) -> Batch:
         picked = [self.rows[i] for i in indices]
         width = max(n for _, _, n, _ in picked)
@@ -97,7 +100,15 @@ def step_indices(step: int, batch_size: int, num_sequences: int, seed: int) -> l
     return out
 
 
-def eval_batches(data: ShardedData, batch_size: int):
-    """The held-out sequences in order, in batches."""
-    for start in range(0, len(data), batch_size):
-        yield data.batch(range(start, min(start + batch_size, len(data))))
+def eval_batches(data: ShardedData, batch_size: int, indices: Sequence[int] | None = None):
+    """The held-out sequences (or those of `indices`) in order, in batches."""
+    indices = list(range(len(data))) if indices is None else list(indices)
+    for start in range(0, len(indices), batch_size):
+        yield data.batch(indices[start : start + batch_size])
+
+
+def repeated_ngram_share(tokens: Sequence[int], n: int = 8) -> float:
+    """The share of a text's n-grams that already occurred earlier in it: a few hundredths for
+    prose, most of them once a small model's greedy decode loops, which any draft predicts."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0

@@ -15,8 +15,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.train.config import TrainConfig
-from tandem.train.dataset import ShardedData, eval_batches
+from tandem.train.dataset import ShardedData, eval_batches, repeated_ngram_share
 from tandem.train.loop import autocast
+
+# A small target's greedy answer that repeats itself (a loop) is easy to draft by any head: the
+# evaluation also reports acceptance without the answers over this share of repeated 8-grams.
+LOOP_SHARE = 0.3
 from tandem.train.methods import describe_chain
 from tandem.train.selfdistill import answers_path, features_path, make_answers, make_features, shards_done
 
@@ -41,6 +45,29 @@ def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) 
     return out
 
 
+def evaluate_with_loops(method, module, data: ShardedData, batch_size: int) -> dict:
+    """The method's metrics over every answer, the number of answers that loop, and the metrics
+    over the others (`without_loops`, when some loop and some do not)."""
+    clean = [i for i in range(len(data)) if repeated_ngram_share(data.answer_of(i).tolist()) <= LOOP_SHARE]
+    metrics = method.evaluate(module, eval_batches(data, batch_size))
+    metrics["looping_answers"] = len(data) - len(clean)
+    if 0 < len(clean) < len(data):
+        metrics["without_loops"] = {"answers": len(clean), **method.evaluate(module, eval_batches(data, batch_size, clean))}
+    return metrics
+
+
+def _describe_loops(metrics: dict) -> str:
+    looping = metrics["looping_answers"]
+    if not looping:
+        return "; no answer loops"
+    text = f"; {looping} answers loop (over {LOOP_SHARE:.0%} of their 8-grams repeat an earlier one)"
+    if (clean := metrics.get("without_loops")) is None:
+        return text
+    trees = clean["walk_tree_accepted_length"]
+    return (f"{text}, without them ({clean['answers']}): walk chains of {clean['chain_length']} / top-2 / top-3 trees "
+            f"{clean['walk_accepted_length']:.3f} / {trees['top2']:.3f} / {trees['top3']:.3f}, top-1 {clean['heldout_top1']:.3f}")
+
+
 def _target_dir(cfg: TrainConfig, dtype: str) -> Path:
     """The sibling folder of the other dtype (…/float32 next to …/bfloat16) when there is one."""
     target = Path(cfg.data.target_dir)
@@ -55,7 +82,7 @@ def evaluate_on_mtbench(cfg: TrainConfig, method, module, home: Path, questions:
     for dtype in dict.fromkeys([cfg.data.target_dtype, "float32"]):
         data = ShardedData(mtbench_data(cfg, home, questions, dtype, log), [0])
         with autocast(getattr(torch, cfg.compute_dtype)):
-            metrics = method.evaluate(module, eval_batches(data, cfg.batch_size))
+            metrics = evaluate_with_loops(method, module, data, cfg.batch_size)
         out[dtype] = {"questions": questions, **metrics}
-        log(f"MT-bench ({dtype} target): {describe_chain(metrics)}")
+        log(f"MT-bench ({dtype} target): {describe_chain(metrics)}{_describe_loops(metrics)}")
     return out

@@ -50,6 +50,7 @@ def test_a_few_steps_on_the_default_model_and_sharegpt(tmp_path, default_model):
     mtbench = json.loads((out / "training.json").read_text())["evaluation"]["mtbench"]
     assert set(mtbench) == {"bfloat16", "float32"}  # the training features' dtype and a served fp32 target's
     assert all(m["questions"] == 2 and m["anchors"] > 0 for m in mtbench.values())
+    assert all(0 <= m["looping_answers"] <= 2 for m in mtbench.values())  # repetition loops, reported apart
     assert "MT-bench questions" in (out / "head" / "README.md").read_text()
     head = load_eagle_head(out / "head", default_model, dtype=torch.float32, backend=TorchAttention())
     assert head.config.hidden_size == 576

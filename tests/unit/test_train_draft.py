@@ -30,13 +30,15 @@ from tandem.models.medusa import CHOICES_FILE, load_medusa_heads
 from tandem.spec.token_tree import sorted_choices
 from tandem.testing.tiny import build_tiny_model
 from tandem.train.cli_args import config_from_args
-from tandem.train.dataset import ShardedData
+from tandem.train.dataset import ShardedData, repeated_ngram_share
 from tandem.train.eagle_head import upgrade_one_layer_checkpoint
 from tandem.train.loop import load_checkpoint, save_checkpoint
 from tandem.train.losses import IGNORE, linear_cross_entropy, linear_soft_cross_entropy, sampled_acceptance
 from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, STATIC_TREE_SIZES, _chain_metrics, _merge, anchor_rows,
                                   best_static_tree, draft_ranks, static_tree_lengths, static_tree_metrics, walk_histogram)
+from tandem.train.mtbench_eval import LOOP_SHARE, evaluate_with_loops
 from tandem.train.run import evaluate_head, run_train_draft
+from tandem.train.selfdistill import answers_path
 from tandem.train.selfdistill import DataSpec, answers_path, eos_ids, greedy_batch, render_prompt, water_fill
 from tandem.train.sharegpt import first_user_turns, iter_complete_objects, second_user_turns
 
@@ -195,6 +197,41 @@ def test_quick_eagle_with_soft_labels_lowers_the_loss(tiny, data_dir, tmp_path):
     assert metrics["ce"] == pytest.approx(float(want), rel=1e-4)
     assert full_data_loss(cfg, load_checkpoint(cfg.run_dir)["model"]) < 0.9 * full_data_loss(cfg, None)
     assert "KL from the target's distribution" in (cfg.run_dir / "head" / "README.md").read_text()
+
+
+def test_repeated_ngram_share_tells_a_loop_from_prose():
+    assert repeated_ngram_share(list(range(40))) == 0
+    assert repeated_ngram_share([7, 8] * 3, n=2) == pytest.approx(3 / 5)  # (7,8) (8,7) new; the other 3 repeat
+    loop = list(range(10)) + [20, 21, 22] * 30  # a short answer that falls into a loop
+    assert repeated_ngram_share(loop) > 0.8 and repeated_ngram_share([1, 2, 3]) == 0  # shorter than an 8-gram
+
+
+def test_the_evaluation_reports_answers_that_loop_apart(eagle_run, tmp_path):
+    """The held-out answers with the first three's tokens made to loop (two tokens over and over)."""
+    cfg, _ = eagle_run
+    shutil.copytree(cfg.data_dir, tmp_path / "data")
+    path = answers_path(tmp_path / "data", 0)
+    with np.load(path) as z:
+        answers = dict(z)
+    starts = np.concatenate([[0], np.cumsum(answers["lengths"])])
+    for i in range(3):
+        begin, end = starts[i] + answers["prompt_lens"][i], starts[i + 1]
+        answers["tokens"][begin:end] = np.resize(answers["tokens"][begin : begin + 2], end - begin)
+    np.savez(path, **answers)
+    data = ShardedData(tmp_path / "data", [0])
+    shares = [repeated_ngram_share(data.answer_of(i).tolist()) for i in range(len(data))]
+    clean = [i for i, share in enumerate(shares) if share <= LOOP_SHARE]
+    assert clean == list(range(3, len(data))), shares
+    method = DRAFT_METHODS["eagle"](cfg)
+    head = method.build(data, load_checkpoint(cfg.run_dir)["model"])
+    head.load_state_dict(load_checkpoint(cfg.run_dir)["model"])
+    with torch.no_grad():
+        metrics = evaluate_with_loops(method, head, data, 3)
+        apart = method.evaluate(head, [data.batch(clean)])
+    assert metrics["looping_answers"] == len(data) - len(clean) and metrics["without_loops"]["answers"] == len(clean)
+    for key in ("anchors", "walk_steps", "walk_accepted_length", "heldout_top1"):
+        assert metrics["without_loops"][key] == pytest.approx(apart[key]), key
+    assert metrics["anchors"] > apart["anchors"]
 
 
 def test_tree_acceptance_counts_target_tokens_within_the_drafts_top_k():
