@@ -2,7 +2,8 @@
 answers to MT-bench first turns (the questions `tandem bench` serves), next to the ShareGPT
 held-out shard. A gap between the two is domain shift, not a serving fault; evaluating on
 features from the fp32 target as well shows what serving an fp32 target costs a head trained
-on bf16 features.
+on bf16 features. A small target's greedy answers fall into loops, which any head drafts: the
+answers that loop are counted and the head measured without them too.
 
 The answers and features are made once per (questions, answer cap, dtype) into the run folder:
     mtbench-<dtype>-q<questions>-a<max_new_tokens>/   a one-shard data folder (shard 0)
