@@ -18,12 +18,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import ShardedData, eval_batches, repeated_ngram_share
 from tandem.train.loop import autocast
+from tandem.train.methods import describe_chain
+from tandem.train.selfdistill import answers_path, features_path, make_answers, make_features, shards_done
 
 # A small target's greedy answer that repeats itself (a loop) is easy to draft by any head: the
 # evaluation also reports acceptance without the answers over this share of repeated 8-grams.
 LOOP_SHARE = 0.3
-from tandem.train.methods import describe_chain
-from tandem.train.selfdistill import answers_path, features_path, make_answers, make_features, shards_done
 
 
 def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) -> Path:
