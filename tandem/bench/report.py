@@ -47,16 +47,18 @@ def markdown_summary(report: dict) -> str:
         "",
         "Mean accepted length (tokens per verify step, bonus included), acceptance by draft position"
         " (share of verify steps reaching it), and the time split target / draft / RPC / router and"
-        " client (wall time per target step):",
+        " client (wall time per target step), and the requests whose completion loops (over 30% of its"
+        " 8-grams repeat an earlier one; a loop is easy to draft):",
         "",
-        "| mode | cell | accepted length | by position | time split |",
-        "|---|---|---|---|---|",
+        "| mode | cell | accepted length | by position | time split | loops |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["status"] != "ok" or r["mode"] == "hf_generate":
             continue
         depth = ", ".join(f"{a:.2f}" for a in r["acceptance_by_depth"]) if r["acceptance_by_depth"] else "-"
-        lines.append(f"| {r['label']} | {_cell(r)} | {r['mean_accepted_length']:.2f} | {depth} | {_split(r)} |")
+        loops = f"{r['looping_requests']} of {r['requests']}" if "requests" in r else "-"
+        lines.append(f"| {r['label']} | {_cell(r)} | {r['mean_accepted_length']:.2f} | {depth} | {_split(r)} | {loops} |")
     skipped = sorted({f"{r['label']} ({_cell(r)}): {r['reason']}" for r in rows if r["status"] != "ok"})
     if skipped:
         lines += ["", "Not measured:", "", *[f"- {s}" for s in skipped]]

@@ -120,6 +120,8 @@ def _row(mode: Mode, temperature: float, batch: int, refused: str | None, tally:
         "mean_accepted_length": round(tally.mean_accepted_length(), 4),
         "verify_steps": tally.verify_steps,
         "accepted_draft_tokens": tally.accepted_draft_tokens,
+        "requests": tally.requests,
+        "looping_requests": tally.looping,
         # transformers reports no per-position acceptance for prompt lookup.
         "acceptance_by_depth": [round(a, 4) for a in tally.acceptance_by_depth(depth)] if depth else None,
         "time_split": time_split(before, after, tally.seconds) if before is not None else None,

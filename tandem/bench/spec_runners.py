@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from tandem.bench.hf import HFGenerator
+from tandem.bench.loops import loops
 from tandem.bench.streams import generate_group, stats_counters
 
 
@@ -22,6 +23,8 @@ class GroupResult:
     accepted_draft_tokens: int = 0
     accepted_by_depth: tuple[int, ...] = ()
     sequence_forwards: int = 0  # transformers: forward passes x sequences in them
+    requests: int = 0
+    looping: int = 0  # requests whose completion loops (tandem.bench.loops)
 
 
 @dataclass(slots=True)
@@ -34,9 +37,13 @@ class Tally:
     accepted_draft_tokens: int = 0
     accepted_by_depth: list[int] = field(default_factory=list)
     sequence_forwards: int = 0
+    requests: int = 0
+    looping: int = 0
 
     def add(self, r: GroupResult, seconds: float) -> None:
         self.seconds += seconds
+        self.requests += r.requests
+        self.looping += r.looping
         self.completion_tokens += r.completion_tokens
         self.verify_steps += r.verify_steps
         self.accepted_draft_tokens += r.accepted_draft_tokens
@@ -76,7 +83,8 @@ class TandemRunner:
         by_depth = tuple(sum(u.accepted_by_depth[i] for u in usages if i < len(u.accepted_by_depth))
                          for i in range(depth))
         return GroupResult(sum(u.completion_tokens for u in usages), sum(u.verify_steps for u in usages),
-                           sum(u.accepted_draft_tokens for u in usages), by_depth)
+                           sum(u.accepted_draft_tokens for u in usages), by_depth, requests=len(usages),
+                           looping=sum(u.loops for u in usages))
 
 
 class HFRunner:
@@ -94,7 +102,8 @@ class HFRunner:
             if self.lookup_tokens and len(group) > 1:
                 raise Refused(f"skipped: transformers refuses batches for prompt lookup ({e})") from e
             raise
-        return GroupResult(sum(map(len, out.outputs)), sequence_forwards=out.sequence_forwards)
+        return GroupResult(sum(map(len, out.outputs)), sequence_forwards=out.sequence_forwards,
+                           requests=len(out.outputs), looping=sum(map(loops, out.outputs)))
 
 
 def timed(runner, group, temperature: float, seeds: list[int]) -> tuple[GroupResult, float]:

@@ -4,6 +4,7 @@ Usage of each, and the router's Stats counters before and after."""
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from tandem.bench.loops import loops
 from tandem.v1 import generate_pb2 as pb
 
 # Router Stats counters the time split differences (all cumulative since the router started).
@@ -19,6 +20,7 @@ class StreamUsage:
     verify_steps: int
     accepted_draft_tokens: int
     accepted_by_depth: tuple[int, ...]
+    loops: bool  # the completion repeats itself (tandem.bench.loops)
 
 
 def generate_one(stub, ids: list[int], max_tokens: int, temperature: float, seed: int) -> StreamUsage:
@@ -26,12 +28,15 @@ def generate_one(stub, ids: list[int], max_tokens: int, temperature: float, seed
     params = pb.SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
     if temperature > 0:
         params.seed = seed
-    usage = None
+    usage, tokens = None, []
     for response in stub.Generate(pb.GenerateRequest(token_ids=ids, params=params), timeout=3600):
+        tokens += [t for choice in response.choices for t in choice.token_ids]
         if response.HasField("usage"):
             usage = response.usage
+    if len(tokens) != usage.completion_tokens:  # what the loop count reads must be the whole completion
+        raise RuntimeError(f"the stream carried {len(tokens)} tokens, its usage counts {usage.completion_tokens}")
     return StreamUsage(usage.completion_tokens, usage.verify_steps, usage.accepted_draft_tokens,
-                       tuple(usage.accepted_by_depth))
+                       tuple(usage.accepted_by_depth), loops(tokens))
 
 
 def generate_group(stub, group: list[list[int]], max_tokens: int, temperature: float,

@@ -105,10 +105,3 @@ def eval_batches(data: ShardedData, batch_size: int, indices: Sequence[int] | No
     indices = list(range(len(data))) if indices is None else list(indices)
     for start in range(0, len(indices), batch_size):
         yield data.batch(indices[start : start + batch_size])
-
-
-def repeated_ngram_share(tokens: Sequence[int], n: int = 8) -> float:
-    """The share of a text's n-grams that already occurred earlier in it: a few hundredths for
-    prose, most of them once a small model's greedy decode loops, which any draft predicts."""
-    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
-    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0

@@ -16,14 +16,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.train.config import TrainConfig
-from tandem.train.dataset import ShardedData, eval_batches, repeated_ngram_share
+from tandem.bench.loops import LOOP_SHARE, loops
+from tandem.train.dataset import ShardedData, eval_batches
 from tandem.train.loop import autocast
 from tandem.train.methods import describe_chain
 from tandem.train.selfdistill import answers_path, features_path, make_answers, make_features, shards_done
-
-# A small target's greedy answer that repeats itself (a loop) is easy to draft by any head: the
-# evaluation also reports acceptance without the answers over this share of repeated 8-grams.
-LOOP_SHARE = 0.3
 
 
 def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) -> Path:
@@ -49,7 +46,7 @@ def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) 
 def evaluate_with_loops(method, module, data: ShardedData, batch_size: int) -> dict:
     """The method's metrics over every answer, the number of answers that loop, and the metrics
     over the others (`without_loops`, when some loop and some do not)."""
-    clean = [i for i in range(len(data)) if repeated_ngram_share(data.answer_of(i).tolist()) <= LOOP_SHARE]
+    clean = [i for i in range(len(data)) if not loops(data.answer_of(i).tolist())]
     metrics = method.evaluate(module, eval_batches(data, batch_size))
     metrics["looping_answers"] = len(data) - len(clean)
     if 0 < len(clean) < len(data):

@@ -37,6 +37,7 @@ def test_bench_spec_reduced_writes_rows_plots_and_table(tmp_path):
         for name in ("seconds", "tokens_per_s", "mean_accepted_length", "ratio_to_tandem_plain", "ratio_to_transformers"):
             assert math.isfinite(r[name]) and r[name] > 0, (key, name, r)
         assert _close(r["tokens_per_s"], r["completion_tokens"] / r["seconds"])
+        assert r["requests"] == PROMPTS and 0 <= r["looping_requests"] <= PROMPTS
         mode, t, b = key
         assert _close(r["ratio_to_tandem_plain"], r["tokens_per_s"] / rows["tandem_plain", t, b]["tokens_per_s"])
         assert _close(r["ratio_to_transformers"], r["tokens_per_s"] / rows["hf_generate", t, b]["tokens_per_s"])
@@ -48,6 +49,8 @@ def test_bench_spec_reduced_writes_rows_plots_and_table(tmp_path):
             assert rows["tandem_plain", t, b]["ratio_to_tandem_plain"] == 1.0
             assert rows["hf_generate", t, b]["mean_accepted_length"] == 1.0
             _check_speculative(rows, t, b)
+    # greedy outputs are the same in every tandem mode, so are the requests that loop
+    assert len({rows[m, 0.0, 1]["looping_requests"] for m in MODES if not m.startswith("hf")}) == 1
     for name in ("acceptance", "throughput"):
         with Image.open(tmp_path / f"spec-reduced-latest-{name}.png") as png:
             assert png.format == "PNG" and png.width > 100 and png.height > 100

@@ -119,9 +119,9 @@ def test_cell_rows_skips_and_ratios(tmp_path):
 
 def test_accepted_length_is_one_plus_the_positions():
     t = Tally()
-    t.add(GroupResult(7, verify_steps=4, accepted_draft_tokens=3, accepted_by_depth=(2, 1)), 1.0)
-    t.add(GroupResult(5, verify_steps=2, accepted_draft_tokens=3, accepted_by_depth=(2, 1)), 1.0)
-    assert t.mean_accepted_length() == (6 + 6) / 6
+    t.add(GroupResult(7, verify_steps=4, accepted_draft_tokens=3, accepted_by_depth=(2, 1), requests=2, looping=1), 1.0)
+    t.add(GroupResult(5, verify_steps=2, accepted_draft_tokens=3, accepted_by_depth=(2, 1), requests=2), 1.0)
+    assert t.mean_accepted_length() == (6 + 6) / 6 and (t.requests, t.looping) == (4, 1)
     rates = t.acceptance_by_depth(4)
     assert rates == [4 / 6, 2 / 6, 0.0, 0.0] and abs(1 + sum(rates) - t.mean_accepted_length()) < 1e-12
 

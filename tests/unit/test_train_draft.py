@@ -30,13 +30,14 @@ from tandem.models.medusa import CHOICES_FILE, load_medusa_heads
 from tandem.spec.token_tree import sorted_choices
 from tandem.testing.tiny import build_tiny_model
 from tandem.train.cli_args import config_from_args
-from tandem.train.dataset import ShardedData, repeated_ngram_share
+from tandem.bench.loops import LOOP_SHARE, repeated_ngram_share
+from tandem.train.dataset import ShardedData
 from tandem.train.eagle_head import upgrade_one_layer_checkpoint
 from tandem.train.loop import load_checkpoint, save_checkpoint
 from tandem.train.losses import IGNORE, linear_cross_entropy, linear_soft_cross_entropy, sampled_acceptance
 from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, STATIC_TREE_SIZES, _chain_metrics, _merge, anchor_rows,
                                   best_static_tree, draft_ranks, static_tree_lengths, static_tree_metrics, walk_histogram)
-from tandem.train.mtbench_eval import LOOP_SHARE, evaluate_with_loops
+from tandem.train.mtbench_eval import evaluate_with_loops
 from tandem.train.run import evaluate_head, run_train_draft
 from tandem.train.selfdistill import answers_path
 from tandem.train.selfdistill import DataSpec, answers_path, eos_ids, greedy_batch, render_prompt, water_fill

@@ -1,0 +1,18 @@
+"""Loops in generated text: a small model's greedy decode often falls into repeating a sentence
+or a list item over and over, which any draft predicts. Acceptance figures over such text say
+more about the loops than about a draft, so the evaluation and the bench report them apart."""
+
+from collections.abc import Sequence
+
+LOOP_SHARE = 0.3  # a text loops when over this share of its 8-grams repeat an earlier one
+
+
+def repeated_ngram_share(tokens: Sequence[int], n: int = 8) -> float:
+    """The share of a text's n-grams that already occurred earlier in it: a few hundredths for
+    prose, most of them in a loop."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
+
+
+def loops(tokens: Sequence[int]) -> bool:
+    return repeated_ngram_share(tokens) > LOOP_SHARE
