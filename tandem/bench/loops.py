@@ -16,3 +16,15 @@ def repeated_ngram_share(tokens: Sequence[int], n: int = 8) -> float:
 
 def loops(tokens: Sequence[int]) -> bool:
     return repeated_ngram_share(tokens) > LOOP_SHARE
+
+
+def loop_start(tokens: Sequence[int], n: int = 8) -> int:
+    """Where a text first repeats itself: the start of its first n-gram that occurred earlier in
+    it (its length when none does)."""
+    seen = set()
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i : i + n])
+        if gram in seen:
+            return i
+        seen.add(gram)
+    return len(tokens)

@@ -77,6 +77,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", dest="save_format", choices=["safetensors", "bin"],
                    default=_env("format") or "safetensors", help="weights file of the head")
     _flag(p, "ce_weight", float, "EAGLE: weight of the token loss, CE or --soft-labels' KL (default 0.1, EAGLE-1's)")
+    p.add_argument("--cut-loops", action="store_true", default=_env_flag("cut_loops"),
+                   help="end each training answer that loops (over 30%% of its 8-grams repeat an earlier one) where "
+                        "it first repeats itself: a small target's greedy answers often loop, and copying is easy")
     p.add_argument("--soft-labels", action="store_true", default=_env_flag("soft_labels"),
                    help="EAGLE: the token loss is the KL from the target's next-token distribution over the draft "
                         "vocabulary (its logits from the cached features) instead of CE on its greedy token")
@@ -131,7 +134,7 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
         draft_vocab=_pick(args, "draft_vocab", mode, 0), draft_layers=_pick(args, "draft_layers", mode, 0),
         medusa_heads=_pick(args, "medusa_heads", mode, 4), medusa_layers=_pick(args, "medusa_layers", mode, 1),
         medusa_lm_head=args.medusa_lm_head, eval_mtbench=_pick(args, "eval_mtbench", mode, 0),
-        extra_data=tuple(Path(d) for d in args.extra_data),
+        extra_data=tuple(Path(d) for d in args.extra_data), cut_loops=args.cut_loops,
     ), home
 
 

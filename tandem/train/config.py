@@ -38,6 +38,7 @@ class TrainConfig:
     quick: bool
     show_progress: bool = True
     extra_data: tuple[Path, ...] = ()  # other self-distilled folders whose training shards join the run's
+    cut_loops: bool = False  # training answers that loop end where they first repeat themselves
     # EAGLE
     ce_weight: float = 0.1  # EAGLE-1's p_w: loss = SmoothL1(features) + ce_weight * CE
     soft_labels: bool = False  # token loss: KL from the target's distribution, not CE on its greedy token

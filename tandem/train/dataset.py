@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tandem.bench.loops import loop_start, loops
 from tandem.train.selfdistill import answers_path, features_path
 
 
@@ -32,9 +33,12 @@ class Batch:
 
 class ShardedData:
     """The sequences of some shards of `data_dir`, then of `extra` (folder, shard) pairs from
-    other folders; `batch(indices)` gathers them padded."""
+    other folders; `batch(indices)` gathers them padded. cut_loops: an answer that loops
+    (tandem.bench.loops) ends where it first repeats itself, so training spends no steps on
+    copying text any draft predicts."""
 
-    def __init__(self, data_dir: Path, shards: list[int], extra: Sequence[tuple[Path, int]] = ()):
+    def __init__(self, data_dir: Path, shards: list[int], extra: Sequence[tuple[Path, int]] = (),
+                 cut_loops: bool = False):
         self.features: list[np.ndarray] = []  # per shard, memory-mapped [sum L, D]
         self.tokens: list[np.ndarray] = []  # per shard, [sum L]
         self.parts = [(Path(data_dir), k) for k in shards] + [(Path(d), k) for d, k in extra]
@@ -47,6 +51,13 @@ class ShardedData:
             rows += [(slot, int(s), int(n), int(p)) for s, n, p in zip(starts, lengths, prompt_lens)]
             self.tokens.append(tokens)
         self.rows = rows
+        if cut_loops:
+            self.rows = [self._cut(row) for row in rows]
+
+    def _cut(self, row: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        slot, start, length, prompt_len = row
+        answer = self.tokens[slot][start + prompt_len : start + length].tolist()
+        return (slot, start, prompt_len + loop_start(answer), prompt_len) if loops(answer) else row
 
     def __len__(self) -> int:
         return len(self.rows)

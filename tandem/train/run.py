@@ -84,7 +84,7 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     if not sitting["data"]["complete"]:
         return _finish(run_dir, cfg, record, sitting, started, status="data incomplete")
     heldout = ShardedData(cfg.data_dir, [0])
-    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)), extra)
+    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)), extra, cut_loops=cfg.cut_loops)
     method = DRAFT_METHODS[cfg.method](cfg)
     module = _start_module(method, cfg, data, saved)
     result = train(method, module, data, cfg, saved=saved, deadline=deadline, log=log)
@@ -140,6 +140,9 @@ def _previous_record(run_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {"sittings": []}
 
 
+LOOPS_CUT = " (training answers that loop cut where they first repeat themselves, --cut-loops)"
+
+
 def data_summary(cfg: TrainConfig, data: ShardedData, heldout: ShardedData) -> dict:
     extra = [{"dir": str(d), "source": source_of(json.loads((Path(d) / "meta.json").read_text())),
               "train_sequences": data.sequences_in(d)} for d in cfg.extra_data]
@@ -147,8 +150,8 @@ def data_summary(cfg: TrainConfig, data: ShardedData, heldout: ShardedData) -> d
                      "train_answer_tokens": data.answer_tokens, **({"extra": extra} if extra else {}),
                      "heldout_sequences": len(heldout), "heldout_answer_tokens": heldout.answer_tokens,
                      "answers": f"the target's own greedy answers ({cfg.data.target_dtype}), up to "
-                                f"{cfg.data.max_new_tokens} tokens; prompts chat-templated, up to "
-                                f"{cfg.data.max_prompt_tokens} tokens"}}
+                                f"{cfg.data.max_new_tokens} tokens{LOOPS_CUT if cfg.cut_loops else ''}; prompts "
+                                f"chat-templated, up to {cfg.data.max_prompt_tokens} tokens"}}
 
 
 def _finish(run_dir: Path, cfg: TrainConfig, record: dict, sitting: dict, started: float, *, status: str) -> dict:

@@ -30,7 +30,7 @@ from tandem.models.medusa import CHOICES_FILE, load_medusa_heads
 from tandem.spec.token_tree import sorted_choices
 from tandem.testing.tiny import build_tiny_model
 from tandem.train.cli_args import config_from_args
-from tandem.bench.loops import LOOP_SHARE, repeated_ngram_share
+from tandem.bench.loops import LOOP_SHARE, loop_start, loops, repeated_ngram_share
 from tandem.train.dataset import ShardedData
 from tandem.train.eagle_head import upgrade_one_layer_checkpoint
 from tandem.train.loop import load_checkpoint, save_checkpoint
@@ -207,19 +207,46 @@ def test_repeated_ngram_share_tells_a_loop_from_prose():
     assert repeated_ngram_share(loop) > 0.8 and repeated_ngram_share([1, 2, 3]) == 0  # shorter than an 8-gram
 
 
-def test_the_evaluation_reports_answers_that_loop_apart(eagle_run, tmp_path):
-    """The held-out answers with the first three's tokens made to loop (two tokens over and over)."""
-    cfg, _ = eagle_run
-    shutil.copytree(cfg.data_dir, tmp_path / "data")
-    path = answers_path(tmp_path / "data", 0)
+def looped_copy(data_dir: Path, out: Path) -> Path:
+    """A copy of a data folder whose shard 0 has its first three answers looping: the first 2
+    tokens as they were, then the next two over and over."""
+    shutil.copytree(data_dir, out)
+    path = answers_path(out, 0)
     with np.load(path) as z:
         answers = dict(z)
     starts = np.concatenate([[0], np.cumsum(answers["lengths"])])
     for i in range(3):
-        begin, end = starts[i] + answers["prompt_lens"][i], starts[i + 1]
+        begin, end = starts[i] + answers["prompt_lens"][i] + 2, starts[i + 1]
         answers["tokens"][begin:end] = np.resize(answers["tokens"][begin : begin + 2], end - begin)
     np.savez(path, **answers)
-    data = ShardedData(tmp_path / "data", [0])
+    return out
+
+
+def test_loop_start_is_where_a_text_first_repeats_itself():
+    text = list(range(10)) + [20, 21, 22] * 30
+    assert loop_start(text) == 13 and loops(text)  # the 8-gram at 13 is the one at 10 again
+    assert loop_start(list(range(40))) == 40 and not loops(list(range(40)))
+
+
+def test_cut_loops_ends_the_answers_that_loop_where_they_first_repeat(eagle_run, tiny, tmp_path):
+    cfg, _ = eagle_run
+    folder = looped_copy(cfg.data_dir, tmp_path / "data")
+    whole, cut = ShardedData(folder, [0]), ShardedData(folder, [0], cut_loops=True)
+    for i in range(len(whole)):
+        answer = whole.answer_of(i).tolist()
+        want = answer[: loop_start(answer)] if i < 3 else answer
+        assert cut.answer_of(i).tolist() == want, i
+    assert cut.answer_tokens < whole.answer_tokens
+    batch, length = cut.batch([0, 3]), whole.rows[3][2]
+    assert int(batch.lengths[0]) == cut.rows[0][2] and torch.equal(batch.tokens[1, :length], whole.batch([3]).tokens[0])
+    run = quick_config(tiny, tmp_path / "run", cfg.data_dir, "--cut-loops", "--steps", "1")
+    assert run.cut_loops and "--cut-loops" in train_quick(run)["data"]["answers"]
+
+
+def test_the_evaluation_reports_answers_that_loop_apart(eagle_run, tmp_path):
+    """The held-out answers with the first three's tokens made to loop (two tokens over and over)."""
+    cfg, _ = eagle_run
+    data = ShardedData(looped_copy(cfg.data_dir, tmp_path / "data"), [0])
     shares = [repeated_ngram_share(data.answer_of(i).tolist()) for i in range(len(data))]
     clean = [i for i, share in enumerate(shares) if share <= LOOP_SHARE]
     assert clean == list(range(3, len(data))), shares
