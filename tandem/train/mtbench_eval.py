@@ -54,7 +54,7 @@ def evaluate_with_loops(method, module, data: ShardedData, batch_size: int) -> d
     return metrics
 
 
-def _describe_loops(metrics: dict) -> str:
+def describe_loops(metrics: dict) -> str:
     looping = metrics["looping_answers"]
     if not looping:
         return "; no answer loops"
@@ -82,5 +82,5 @@ def evaluate_on_mtbench(cfg: TrainConfig, method, module, home: Path, questions:
         with autocast(getattr(torch, cfg.compute_dtype)):
             metrics = evaluate_with_loops(method, module, data, cfg.batch_size)
         out[dtype] = {"questions": questions, **metrics}
-        log(f"MT-bench ({dtype} target): {describe_chain(metrics)}{_describe_loops(metrics)}")
+        log(f"MT-bench ({dtype} target): {describe_chain(metrics)}{describe_loops(metrics)}")
     return out

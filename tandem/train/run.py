@@ -22,11 +22,11 @@ import torch
 from tandem.errors import InvalidArgument
 from tandem.models.medusa import CHOICES_FILE, write_head_choices
 from tandem.train.config import TrainConfig
-from tandem.train.dataset import ShardedData, eval_batches
+from tandem.train.dataset import ShardedData
 from tandem.train.eagle_head import upgrade_one_layer_checkpoint
 from tandem.train.loop import autocast, load_checkpoint, train
 from tandem.train.methods import D2T_FILE, DRAFT_METHODS, describe_chain, fitted_tree
-from tandem.train.mtbench_eval import evaluate_on_mtbench
+from tandem.train.mtbench_eval import describe_loops, evaluate_on_mtbench, evaluate_with_loops
 from tandem.train.selfdistill import extra_training_shards, model_name, prepare_data, shards_done, source_of
 
 HEAD = "head"
@@ -58,8 +58,8 @@ def evaluate_head(cfg: TrainConfig, home: Path | None, head_dir: Path, log: Log 
         evaluation = {"head": str(head_dir), "method": cfg.method}
         if Path(cfg.data_dir).is_dir() and 0 in shards_done(cfg.data_dir, cfg.data):
             with autocast(getattr(torch, cfg.compute_dtype)):
-                evaluation["heldout"] = method.evaluate(module, eval_batches(ShardedData(cfg.data_dir, [0]), cfg.batch_size))
-            log(f"held-out: {describe_chain(evaluation['heldout'])}")
+                evaluation["heldout"] = evaluate_with_loops(method, module, ShardedData(cfg.data_dir, [0]), cfg.batch_size)
+            log(f"held-out: {describe_chain(evaluation['heldout'])}{describe_loops(evaluation['heldout'])}")
         if cfg.eval_mtbench:
             evaluation["mtbench"] = evaluate_on_mtbench(cfg, method, module, home, cfg.eval_mtbench, log)
     finally:
@@ -92,8 +92,8 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
                    sequences_per_s=round(result["steps_per_s"] * cfg.batch_size, 3))
     eval_started = time.monotonic()
     with autocast(getattr(torch, cfg.compute_dtype)):
-        evaluation = method.evaluate(module, eval_batches(heldout, cfg.batch_size))
-    log(f"held-out: {describe_chain(evaluation)}")
+        evaluation = evaluate_with_loops(method, module, heldout, cfg.batch_size)
+    log(f"held-out: {describe_chain(evaluation)}{describe_loops(evaluation)}")
     if cfg.eval_mtbench:
         evaluation["mtbench"] = evaluate_on_mtbench(cfg, method, module, home, cfg.eval_mtbench, log)
     sitting["eval_seconds"] = round(time.monotonic() - eval_started, 1)

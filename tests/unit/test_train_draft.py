@@ -39,7 +39,6 @@ from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, STATIC_TREE_SIZES, _c
                                   best_static_tree, draft_ranks, static_tree_lengths, static_tree_metrics, walk_histogram)
 from tandem.train.mtbench_eval import evaluate_with_loops
 from tandem.train.run import evaluate_head, run_train_draft
-from tandem.train.selfdistill import answers_path
 from tandem.train.selfdistill import DataSpec, answers_path, eos_ids, greedy_batch, render_prompt, water_fill
 from tandem.train.sharegpt import first_user_turns, iter_complete_objects, second_user_turns
 
