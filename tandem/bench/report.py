@@ -1,5 +1,7 @@
 """The markdown summary of a speculation bench report (for README.md's Benchmarks section)."""
 
+from tandem.loops import LOOP_RULE
+
 
 def _cell(row: dict) -> str:
     return f"{'greedy' if row['temperature'] == 0 else 'temp ' + format(row['temperature'], 'g')}, batch {row['batch']}"
@@ -47,8 +49,8 @@ def markdown_summary(report: dict) -> str:
         "",
         "Mean accepted length (tokens per verify step, bonus included), acceptance by draft position"
         " (share of verify steps reaching it), and the time split target / draft / RPC / router and"
-        " client (wall time per target step), and the requests whose completion loops (over 30% of its"
-        " 8-grams repeat an earlier one; a loop is easy to draft):",
+        f" client (wall time per target step), and the requests whose completion loops ({LOOP_RULE}; a loop"
+        " is easy to draft):",
         "",
         "| mode | cell | accepted length | by position | time split | loops |",
         "|---|---|---|---|---|---|",

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from tandem.bench.hf import HFGenerator
-from tandem.bench.loops import loops
+from tandem.loops import loops
 from tandem.bench.streams import generate_group, stats_counters
 
 
@@ -24,7 +24,7 @@ class GroupResult:
     accepted_by_depth: tuple[int, ...] = ()
     sequence_forwards: int = 0  # transformers: forward passes x sequences in them
     requests: int = 0
-    looping: int = 0  # requests whose completion loops (tandem.bench.loops)
+    looping: int = 0  # requests whose completion loops (tandem.loops)
 
 
 @dataclass(slots=True)
@@ -84,7 +84,7 @@ class TandemRunner:
                          for i in range(depth))
         return GroupResult(sum(u.completion_tokens for u in usages), sum(u.verify_steps for u in usages),
                            sum(u.accepted_draft_tokens for u in usages), by_depth, requests=len(usages),
-                           looping=sum(u.loops for u in usages))
+                           looping=sum(u.looping for u in usages))
 
 
 class HFRunner:

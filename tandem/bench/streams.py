@@ -4,7 +4,7 @@ Usage of each, and the router's Stats counters before and after."""
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tandem.bench.loops import loops
+from tandem.loops import loops
 from tandem.v1 import generate_pb2 as pb
 
 # Router Stats counters the time split differences (all cumulative since the router started).
@@ -14,13 +14,13 @@ STAT_COUNTERS = ("steps_total", "step_ms_total", "target_compute_ms_total", "dra
 
 @dataclass(frozen=True, slots=True)
 class StreamUsage:
-    """What one request's last GenerateResponse.usage said."""
+    """What one request's last GenerateResponse.usage said, and whether its completion loops."""
 
     completion_tokens: int
     verify_steps: int
     accepted_draft_tokens: int
     accepted_by_depth: tuple[int, ...]
-    loops: bool  # the completion repeats itself (tandem.bench.loops)
+    looping: bool  # the completion repeats itself (tandem.loops)
 
 
 def generate_one(stub, ids: list[int], max_tokens: int, temperature: float, seed: int) -> StreamUsage:
@@ -28,12 +28,18 @@ def generate_one(stub, ids: list[int], max_tokens: int, temperature: float, seed
     params = pb.SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
     if temperature > 0:
         params.seed = seed
+    return stream_usage(stub.Generate(pb.GenerateRequest(token_ids=ids, params=params), timeout=3600))
+
+
+def stream_usage(responses) -> StreamUsage:
+    """The Usage of a Generate stream's last message, with its tokens (all messages') checked
+    against it: the loop count must read whole completions."""
     usage, tokens = None, []
-    for response in stub.Generate(pb.GenerateRequest(token_ids=ids, params=params), timeout=3600):
+    for response in responses:
         tokens += [t for choice in response.choices for t in choice.token_ids]
         if response.HasField("usage"):
             usage = response.usage
-    if len(tokens) != usage.completion_tokens:  # what the loop count reads must be the whole completion
+    if len(tokens) != usage.completion_tokens:
         raise RuntimeError(f"the stream carried {len(tokens)} tokens, its usage counts {usage.completion_tokens}")
     return StreamUsage(usage.completion_tokens, usage.verify_steps, usage.accepted_draft_tokens,
                        tuple(usage.accepted_by_depth), loops(tokens))

@@ -78,8 +78,8 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    default=_env("format") or "safetensors", help="weights file of the head")
     _flag(p, "ce_weight", float, "EAGLE: weight of the token loss, CE or --soft-labels' KL (default 0.1, EAGLE-1's)")
     p.add_argument("--cut-loops", action="store_true", default=_env_flag("cut_loops"),
-                   help="end each training answer that loops (over 30%% of its 8-grams repeat an earlier one) where "
-                        "it first repeats itself: a small target's greedy answers often loop, and copying is easy")
+                   help="end each training answer that loops (tandem.loops: over 30%% of its 8-grams repeat an earlier "
+                        "one) where it first repeats itself: a small target's greedy answers often loop, and copying is easy")
     p.add_argument("--soft-labels", action="store_true", default=_env_flag("soft_labels"),
                    help="EAGLE: the token loss is the KL from the target's next-token distribution over the draft "
                         "vocabulary (its logits from the cached features) instead of CE on its greedy token")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tandem.bench.loops import loop_start, loops
+from tandem.loops import loop_start, loops
 from tandem.train.selfdistill import answers_path, features_path
 
 
@@ -34,7 +34,7 @@ class Batch:
 class ShardedData:
     """The sequences of some shards of `data_dir`, then of `extra` (folder, shard) pairs from
     other folders; `batch(indices)` gathers them padded. cut_loops: an answer that loops
-    (tandem.bench.loops) ends where it first repeats itself, so training spends no steps on
+    (tandem.loops) ends where it first repeats itself, so training spends no steps on
     copying text any draft predicts."""
 
     def __init__(self, data_dir: Path, shards: list[int], extra: Sequence[tuple[Path, int]] = (),

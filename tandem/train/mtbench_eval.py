@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tandem.loops import LOOP_RULE, loops
 from tandem.train.config import TrainConfig
-from tandem.bench.loops import LOOP_SHARE, loops
 from tandem.train.dataset import ShardedData, eval_batches
 from tandem.train.loop import autocast
 from tandem.train.methods import describe_chain
@@ -45,10 +45,10 @@ def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) 
 
 def evaluate_with_loops(method, module, data: ShardedData, batch_size: int) -> dict:
     """The method's metrics over every answer, the number of answers that loop, and the metrics
-    over the others (`without_loops`, when some loop and some do not)."""
+    over the others (`without_loops`, when some loop and some do not: a second pass over them)."""
     clean = [i for i in range(len(data)) if not loops(data.answer_of(i).tolist())]
     metrics = method.evaluate(module, eval_batches(data, batch_size))
-    metrics["looping_answers"] = len(data) - len(clean)
+    metrics["answers"], metrics["looping_answers"] = len(data), len(data) - len(clean)
     if 0 < len(clean) < len(data):
         metrics["without_loops"] = {"answers": len(clean), **method.evaluate(module, eval_batches(data, batch_size, clean))}
     return metrics
@@ -58,7 +58,7 @@ def describe_loops(metrics: dict) -> str:
     looping = metrics["looping_answers"]
     if not looping:
         return "; no answer loops"
-    text = f"; {looping} answers loop (over {LOOP_SHARE:.0%} of their 8-grams repeat an earlier one)"
+    text = f"; {looping} answer{'s' if looping > 1 else ''} of {metrics['answers']} loop ({LOOP_RULE})"
     if (clean := metrics.get("without_loops")) is None:
         return text
     trees = clean["walk_tree_accepted_length"]

@@ -132,6 +132,9 @@ def _saved_state(cfg: TrainConfig, run_dir: Path) -> dict | None:
     started_from = previous.get("init_head")
     if started_from != (str(cfg.init_head) if cfg.init_head else None):
         raise InvalidArgument(f"{run_dir} started from --init-head {started_from}; resume it with the same")
+    if previous.get("cut_loops", False) != cfg.cut_loops:  # the data a run trains on stays what it was
+        raise InvalidArgument(f"{run_dir} trained {'with' if previous.get('cut_loops') else 'without'} "
+                              "--cut-loops; resume it the same way")
     return saved
 
 

@@ -12,6 +12,8 @@ from tandem.bench.spec_report import _ratios
 from tandem.bench.spec_runners import GroupResult, Refused, Tally
 from tandem.cli import build_parser
 from tandem.models.heads import CPU_SHAPE
+from tandem.bench.streams import stream_usage
+from tandem.v1 import generate_pb2 as pb
 
 
 def _config(tmp_path, *flags):
@@ -115,6 +117,21 @@ def test_cell_rows_skips_and_ratios(tmp_path):
     assert by["tandem_plain"]["completion_tokens"] == 32 and by["tandem_plain"]["mean_accepted_length"] == 1.0
     _ratios(rows)
     assert by["tandem_plain"]["ratio_to_tandem_plain"] == 1.0 and "ratio_to_tandem_plain" not in by["medusa"]
+
+
+def test_a_streams_tokens_add_up_to_its_usage_and_its_loop_is_seen():
+    """Generate messages as the router streams them: tokens in each, usage on the last."""
+    def stream(parts, completion_tokens):
+        messages = [pb.GenerateResponse(choices=[pb.Choice(token_ids=p)]) for p in parts]
+        messages[-1].usage.completion_tokens = completion_tokens
+        return messages
+
+    loop = list(range(5)) + [7, 8] * 20
+    usage = stream_usage(stream([loop[:10], loop[10:30], loop[30:]], len(loop)))
+    assert usage.looping and usage.completion_tokens == len(loop)
+    assert not stream_usage(stream([list(range(20)), list(range(20, 40))], 40)).looping
+    with pytest.raises(RuntimeError, match="carried 40 tokens, its usage counts 41"):
+        stream_usage(stream([list(range(40))], 41))
 
 
 def test_accepted_length_is_one_plus_the_positions():

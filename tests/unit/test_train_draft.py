@@ -24,13 +24,13 @@ from tandem.attention.torch_backend import TorchAttention
 from tandem.cli import build_parser
 from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
+from tandem.loops import LOOP_SHARE, loop_start, loops, repeated_ngram_share
 from tandem.models.eagle import load_eagle_head
 from tandem.models.llama import ForwardBatch
 from tandem.models.medusa import CHOICES_FILE, load_medusa_heads
 from tandem.spec.token_tree import sorted_choices
 from tandem.testing.tiny import build_tiny_model
 from tandem.train.cli_args import config_from_args
-from tandem.bench.loops import LOOP_SHARE, loop_start, loops, repeated_ngram_share
 from tandem.train.dataset import ShardedData
 from tandem.train.eagle_head import upgrade_one_layer_checkpoint
 from tandem.train.loop import load_checkpoint, save_checkpoint
@@ -206,11 +206,16 @@ def test_repeated_ngram_share_tells_a_loop_from_prose():
     assert repeated_ngram_share(loop) > 0.8 and repeated_ngram_share([1, 2, 3]) == 0  # shorter than an 8-gram
 
 
-def looped_copy(data_dir: Path, out: Path) -> Path:
-    """A copy of a data folder whose shard 0 has its first three answers looping: the first 2
+def looped_copy(data_dir: Path, out: Path, shards=(0,)) -> Path:
+    """A copy of a data folder whose `shards` have their first three answers looping: the first 2
     tokens as they were, then the next two over and over."""
     shutil.copytree(data_dir, out)
-    path = answers_path(out, 0)
+    for shard in shards:
+        _loop_three(answers_path(out, shard))
+    return out
+
+
+def _loop_three(path: Path) -> None:
     with np.load(path) as z:
         answers = dict(z)
     starts = np.concatenate([[0], np.cumsum(answers["lengths"])])
@@ -218,7 +223,6 @@ def looped_copy(data_dir: Path, out: Path) -> Path:
         begin, end = starts[i] + answers["prompt_lens"][i] + 2, starts[i + 1]
         answers["tokens"][begin:end] = np.resize(answers["tokens"][begin : begin + 2], end - begin)
     np.savez(path, **answers)
-    return out
 
 
 def test_loop_start_is_where_a_text_first_repeats_itself():
@@ -229,7 +233,7 @@ def test_loop_start_is_where_a_text_first_repeats_itself():
 
 def test_cut_loops_ends_the_answers_that_loop_where_they_first_repeat(eagle_run, tiny, tmp_path):
     cfg, _ = eagle_run
-    folder = looped_copy(cfg.data_dir, tmp_path / "data")
+    folder = looped_copy(cfg.data_dir, tmp_path / "data", shards=(0, 1))
     whole, cut = ShardedData(folder, [0]), ShardedData(folder, [0], cut_loops=True)
     for i in range(len(whole)):
         answer = whole.answer_of(i).tolist()
@@ -238,8 +242,14 @@ def test_cut_loops_ends_the_answers_that_loop_where_they_first_repeat(eagle_run,
     assert cut.answer_tokens < whole.answer_tokens
     batch, length = cut.batch([0, 3]), whole.rows[3][2]
     assert int(batch.lengths[0]) == cut.rows[0][2] and torch.equal(batch.tokens[1, :length], whole.batch([3]).tokens[0])
-    run = quick_config(tiny, tmp_path / "run", cfg.data_dir, "--cut-loops", "--steps", "1")
-    assert run.cut_loops and "--cut-loops" in train_quick(run)["data"]["answers"]
+    runs = {flags: quick_config(tiny, tmp_path / f"run{len(flags)}", folder, *flags, "--steps", "1")
+            for flags in ((), ("--cut-loops",))}
+    plain, cutting = (train_quick(cfg)["data"] for cfg in runs.values())
+    shard1 = ShardedData(folder, [1]).answer_tokens - ShardedData(folder, [1], cut_loops=True).answer_tokens
+    assert plain["train_answer_tokens"] - cutting["train_answer_tokens"] == shard1 > 0  # its three loops cut
+    assert "--cut-loops" in cutting["answers"] and "--cut-loops" not in plain["answers"]
+    with pytest.raises(InvalidArgument, match="trained with --cut-loops; resume it the same way"):
+        train_quick(dataclasses.replace(runs[("--cut-loops",)], steps=2, resume=True, cut_loops=False))
 
 
 def test_the_evaluation_reports_answers_that_loop_apart(eagle_run, tmp_path):
