@@ -19,7 +19,7 @@ from tandem.loops import LOOP_RULE, loops
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import ShardedData, eval_batches
 from tandem.train.loop import autocast
-from tandem.train.methods import describe_chain
+from tandem.train.acceptance import describe_chain
 from tandem.train.selfdistill import answers_path, features_path, make_answers, make_features, shards_done
 
 

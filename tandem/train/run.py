@@ -20,12 +20,14 @@ from typing import Callable
 import torch
 
 from tandem.errors import InvalidArgument
+from tandem.models.eagle_io import D2T_FILE
 from tandem.models.medusa import CHOICES_FILE, write_head_choices
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import ShardedData
 from tandem.train.eagle_head import upgrade_one_layer_checkpoint
 from tandem.train.loop import autocast, load_checkpoint, train
-from tandem.train.methods import D2T_FILE, DRAFT_METHODS, describe_chain, fitted_tree
+from tandem.train.acceptance import describe_chain, fitted_tree
+from tandem.train.methods import DRAFT_METHODS
 from tandem.train.mtbench_eval import describe_loops, evaluate_on_mtbench, evaluate_with_loops
 from tandem.train.selfdistill import extra_training_shards, model_name, prepare_data, shards_done, source_of
 

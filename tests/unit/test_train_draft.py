@@ -26,6 +26,7 @@ from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.loops import LOOP_SHARE, loop_start, loops, repeated_ngram_share
 from tandem.models.eagle import load_eagle_head
+from tandem.models.eagle_io import D2T_FILE
 from tandem.models.llama import ForwardBatch
 from tandem.models.medusa import CHOICES_FILE, load_medusa_heads
 from tandem.spec.token_tree import sorted_choices
@@ -35,8 +36,9 @@ from tandem.train.dataset import ShardedData
 from tandem.train.eagle_head import upgrade_one_layer_checkpoint
 from tandem.train.loop import load_checkpoint, save_checkpoint
 from tandem.train.losses import IGNORE, linear_cross_entropy, linear_soft_cross_entropy, sampled_acceptance
-from tandem.train.methods import (D2T_FILE, DRAFT_METHODS, STATIC_TREE_SIZES, _chain_metrics, _merge, anchor_rows,
-                                  best_static_tree, draft_ranks, static_tree_lengths, static_tree_metrics, walk_histogram)
+from tandem.train.acceptance import (STATIC_TREE_SIZES, anchor_rows, best_static_tree, chain_metrics, draft_ranks,
+                                     merge_parts, static_tree_lengths, static_tree_metrics, walk_histogram)
+from tandem.train.methods import DRAFT_METHODS
 from tandem.train.mtbench_eval import evaluate_with_loops
 from tandem.train.run import evaluate_head, run_train_draft
 from tandem.train.selfdistill import DataSpec, answers_path, eos_ids, greedy_batch, render_prompt, water_fill
@@ -276,7 +278,7 @@ def test_tree_acceptance_counts_target_tokens_within_the_drafts_top_k():
     first = draft_ranks(top, torch.tensor([5, 6, 7, 8]), torch.ones(4, dtype=torch.bool))
     second = draft_ranks(top, torch.tensor([6, 5, 5, 5]), torch.tensor([True, False, True, True]))
     assert first.tolist() == [0, 1, 2, 3] and second.tolist() == [1, 3, 0, 0]  # 3: absent or not an answer token
-    got = _chain_metrics([first, second], torch.zeros(4, dtype=torch.long))
+    got = chain_metrics([first, second], torch.zeros(4, dtype=torch.long))
     assert got["mean_accepted_length"] == (2 + 1 + 1 + 1) / 4 and got["accepted_rate_by_depth"] == [0.25, 0.0]
     assert got["tree_accepted_length"] == {"top2": (3 + 2 + 1 + 1) / 4, "top3": (3 + 2 + 3 + 1) / 4}
     assert got["tree_nodes"] == {"top2": 2 + 4, "top3": 3 + 9}
@@ -284,8 +286,8 @@ def test_tree_acceptance_counts_target_tokens_within_the_drafts_top_k():
     assert got["walk_histograms"]["chain"] == [0, 2, 1, 0] and got["walk_accepted_length"] == (2 + 1 + 1) / 3
     assert got["walk_tree_accepted_length"] == {"top2": (3 + 1) / 2, "top3": (3 + 1) / 2}  # from 0 and 3
     assert got["walk_rate_by_depth"] == [round(1 / 3, 4), 0.0]
-    halves = _merge([_chain_metrics([first[:1], second[:1]], torch.zeros(1, dtype=torch.long)),
-                     _chain_metrics([first[1:], second[1:]], torch.ones(3, dtype=torch.long))])
+    halves = merge_parts([chain_metrics([first[:1], second[:1]], torch.zeros(1, dtype=torch.long)),
+                     chain_metrics([first[1:], second[1:]], torch.ones(3, dtype=torch.long))])
     assert halves["tree_accepted_length"] == pytest.approx(got["tree_accepted_length"]) and halves["anchors"] == 4
     # two sequences walk apart: the second starts at its own first anchor (1), not where the first's step lands
     assert halves["walk_histograms"]["top3"] == [0, 1, 1, 1] and halves["walk_steps"] == 4
