@@ -12,8 +12,8 @@ For pair i at position i:  x = fc(cat(embed(t_{i+1}), f_i))   (embedding first, 
                            h = x + attn(x)                    (no input norm on layer 0: EAGLE skips it)
                            f^_{i+1} = h + mlp(rms_norm(h))    (no final norm)
 A head of more layers runs each later one as a whole Llama layer (input norm included) on the
-output of the layer before it; the last layer's output is f^_{i+1}. The head shares the target's embedding and lm_head and keeps its own
-paged KV cache, one KV layer per decoder layer.
+output of the layer before it; the last layer's output is f^_{i+1}. The head shares the
+target's embedding and lm_head and keeps its own paged KV cache, one KV layer per decoder layer.
 """
 
 import json
