@@ -9,16 +9,19 @@ from tandem.errors import InvalidArgument
 
 def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False,
                head_int8: bool = False):
+    """An EAGLE-1/2 head, or an EAGLE-3 one (told apart by its config and weights)."""
     from tandem.attention.torch_backend import TorchAttention
     from tandem.models.config import ModelConfig
     from tandem.models.eagle import load_eagle_head
+    from tandem.models.eagle3 import is_eagle3_folder, load_eagle3_head
     from tandem.models.loader import parse_dtype
 
     # The head's rope table must span the target's context, whatever the head's config says.
     positions = ModelConfig.from_folder(target_dir).max_position_embeddings
     backend = TorchAttention(device)
-    return load_eagle_head(model_dir, target_dir, dtype=parse_dtype(dtype), backend=backend, device=device,
-                           max_positions=positions, lm_head_int8=lm_head_int8, head_int8=head_int8)
+    load = load_eagle3_head if is_eagle3_folder(model_dir) else load_eagle_head
+    return load(model_dir, target_dir, dtype=parse_dtype(dtype), backend=backend, device=device,
+                max_positions=positions, lm_head_int8=lm_head_int8, head_int8=head_int8)
 
 
 def load_medusa(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False,

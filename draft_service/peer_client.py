@@ -31,6 +31,14 @@ class DraftPeer:
         self._outgoing: tuple[queue.Queue, torch.Tensor | None] | None = None  # this stream's queue, its columns
         self._stop = threading.Event()
         self.columns: torch.Tensor | None = None  # a pruned draft vocabulary's token ids (use_columns)
+        self.feature_layers: tuple[int, ...] = ()  # the target layers the head reads (use_features)
+        self.feature_width: int | None = None  # the width of the hidden states it reads
+
+    def use_features(self, layers: tuple[int, ...], width: int) -> None:
+        """The target layers whose inputs the head reads (EAGLE-3's aux layers; () for the
+        final-norm hidden state) and the width of what it reads: each stream opened from now on
+        asks for them, and hidden states of another width are dropped, not drafted from."""
+        self.feature_layers, self.feature_width = tuple(layers), width
 
     def use_columns(self, columns: torch.Tensor | None) -> None:
         """The token ids of the draft's pruned vocabulary, outside which its proposals are zero:
@@ -109,8 +117,7 @@ class DraftPeer:
             grpc.channel_ready_future(channel).result(timeout=30)
             out: queue.Queue = queue.Queue()
             columns = self.columns
-            if columns is not None:
-                out.put(codec.columns_to_pb(columns))  # before any rows on them
+            out.put(codec.peer_hello_to_pb(self.feature_layers, columns))  # before any rows on the columns
             self._outgoing = (out, columns)
             requests = iter(out.get, None)
             stream = engine_pb2_grpc.TargetEngineStub(channel).Peer(requests)
@@ -127,6 +134,10 @@ class DraftPeer:
                 self._connected = True
                 log.info("draft: peer stream to %s open", self.target_address)
             for pairs in step.seqs:
+                if self.feature_width is not None and pairs.hidden.shape[-1] != self.feature_width:
+                    log.warning("draft: hidden states of width %d dropped from sequence %d, the head reads %d",
+                                pairs.hidden.shape[-1], pairs.seq_id, self.feature_width)
+                    continue  # a gap: the sequence drafts no more, as after a lost stream
                 self._pending.setdefault(pairs.seq_id, []).append(pairs)
             self._last_step = max(self._last_step, step.step_id)
             if step.trace_context:

@@ -58,6 +58,7 @@ def build_engine(config: DraftConfig, peer, tracing: Tracing | None = None) -> t
     head = load_draft_head(config.method, config.model_dir, config.target_model_dir, config.dtype, config.device,
                            config.lm_head_quant == "int8", config.head_quant == "int8")
     peer.use_columns(head.vocab_ids)  # before the peer starts: the first stream sends them
+    peer.use_features(head.feature_layers, head.feature_width)
     return kind.engine(config, head, peer, tracing=tracing), kind
 
 

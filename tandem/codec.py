@@ -252,6 +252,23 @@ def columns_to_pb(columns: torch.Tensor) -> pb.DraftToTarget:
     return pb.DraftToTarget(columns=tensor_to_pb(columns.to(torch.int32)))
 
 
+def peer_hello_to_pb(feature_layers: tuple[int, ...], columns: torch.Tensor | None = None) -> pb.DraftToTarget:
+    """The draft's first message on a peer stream: its feature layers, and its columns if any."""
+    m = columns_to_pb(columns) if columns is not None else pb.DraftToTarget()
+    m.hello.CopyFrom(pb.PeerHello(feature_layers=feature_layers))
+    return m
+
+
+def feature_layers_from_pb(m: pb.PeerHello, num_layers: int) -> tuple[int, ...]:
+    """The hello's feature layers; InvalidArgument naming any outside the target's layers."""
+    layers = tuple(m.feature_layers)
+    bad = [i for i in layers if i >= num_layers]
+    if bad:
+        raise InvalidArgument(f"draft feature layers {bad} are outside the target's {num_layers} layers "
+                              f"(0..{num_layers - 1}): the head was trained for another model")
+    return layers
+
+
 def columns_from_pb(m: pb.DraftToTarget) -> torch.Tensor:
     """The stream's columns, int64 [C]; InvalidArgument unless ascending token ids."""
     columns = tensor_from_pb(m.columns)

@@ -19,7 +19,7 @@ class HiddenPairs:
     seq_id: int
     start: int
     tokens: tuple[int, ...]
-    hidden: torch.Tensor  # [n, hidden_size]
+    hidden: torch.Tensor  # [n, hidden_size], or [n, len(layers) * hidden_size] for a peer's feature layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,17 +57,21 @@ class TargetPeer:
         self._out: queue.Queue | None = None
         self._probs: dict[int, dict] = {}
         self._cond = threading.Condition()
+        # The peer's feature layers (its hello): the target layers whose inputs it reads, or ()
+        # for the final-norm hidden state. Steps read it when they start.
+        self.feature_layers: tuple[int, ...] = ()
 
     @property
     def connected(self) -> bool:
         return self._out is not None
 
-    def attach(self) -> queue.Queue:
+    def attach(self, feature_layers: tuple[int, ...] = ()) -> queue.Queue:
         with self._cond:
             if self._out is not None:
                 self._out.put(self.CLOSED)
             self._out = queue.Queue()
             self._probs.clear()
+            self.feature_layers = tuple(feature_layers)
             return self._out
 
     def detach(self, out: queue.Queue) -> None:

@@ -72,9 +72,8 @@ class TargetEngine:
             dtype=self.model.dtype,
             device=self.device,
         )
-        self._model_forward = lambda batch, embeds: self.model.forward(batch, self.cache, embeds)
-        if self.device.type == "cuda" and config.cuda_graphs:
-            self._model_forward = GraphedForward(self._model_forward)
+        self._capture: tuple[int, ...] = ()  # the peer's feature layers the forward returns too
+        self._model_forward = self._forward_capturing(())
         self.peer = TargetPeer()
         self._samplers: dict[int, SamplingState] = {}
         self._carry: dict[int, torch.Tensor] = {}  # hidden of a chunk's last position, awaiting its next token
@@ -85,6 +84,20 @@ class TargetEngine:
         self._steps = 0
         self._tokens_run = 0
         self.figures = EngineFigures()  # for /metrics and Stats
+
+    def _forward_capturing(self, layers: tuple[int, ...]):
+        """The forward pass returning the final-norm hidden states and the inputs of `layers`
+        (tandem.models.llama.LlamaModel.forward); graphed on a GPU, one set of graphs per layers."""
+        forward = lambda batch, embeds: self.model.forward(batch, self.cache, embeds, layers)  # noqa: E731
+        return GraphedForward(forward) if self.device.type == "cuda" and self.config.cuda_graphs else forward
+
+    def _follow_peer(self) -> None:
+        """Streams what the connected draft reads: its feature layers, or the final-norm hidden
+        state. A change drops the carries, which hold the old features."""
+        layers = self.peer.feature_layers
+        if layers != self._capture:
+            self._capture, self._model_forward = layers, self._forward_capturing(layers)
+            self._carry.clear()
 
     @property
     def allocator(self):
@@ -229,7 +242,12 @@ class TargetEngine:
         phases = step_phases(entries)  # MLC's trace points: one forward pass serves them all
         for phase in phases:
             span.add_event(f"start {phase}")
+        self._follow_peer()
         hidden = self._model_forward(batch, embeds)
+        features = hidden  # what the draft reads
+        if self._capture:
+            d = self.model.config.hidden_size
+            hidden, features = hidden[:, :d], hidden[:, d:]
         self._tokens_run += int(batch.input_ids.numel())
         scored = [e for e in entries if e.sample]
         rows = [first_rows[e.seq_id] + len(e.token_ids) - 1 - i for e in scored for i in range(e.num_draft_tokens, -1, -1)]
@@ -247,7 +265,7 @@ class TargetEngine:
             span.add_event(f"finish {phase}")
         for e in entries:
             results.setdefault(e.seq_id, EntryResult(e.seq_id, ()))
-        self._emit_hidden(request.step_id, entries, hidden, first_rows, results, trace_context)
+        self._emit_hidden(request.step_id, entries, features, first_rows, results, trace_context)
         return tuple(results[e.seq_id] for e in entries)
 
     def _verify(self, entries, logits, row_starts: dict[int, int], draft_step_id: int) -> dict[int, EntryResult]:
@@ -300,7 +318,8 @@ class TargetEngine:
         return result
 
     def _emit_hidden(self, step_id: int, entries, hidden, first_rows, results, trace_context=()) -> None:
-        """Streams (hidden state, next token) pairs of every accepted position to the draft.
+        """Streams (hidden state, next token) pairs of every accepted position to the draft;
+        `hidden` [T, F]: what the draft reads of each packed row (the peer's feature layers).
         A chunk's last position waits for its next token (the next chunk's first) in a carry."""
         if not self.peer.connected:
             for e in entries:  # their pairs are lost; a stale carry would pair wrongly later

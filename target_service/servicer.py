@@ -1,5 +1,6 @@
 """The TargetEngine gRPC servicer: protobuf in, engine call, protobuf out. Nothing else."""
 
+import itertools
 import logging
 import queue
 import threading
@@ -53,12 +54,22 @@ class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
 
     def Peer(self, request_iterator, context):
         """The draft's stream: hidden states out, draft probabilities in (on a reader thread)."""
-        peer = self.engine.peer
-        out = peer.attach()
+        peer, config = self.engine.peer, self.engine.model.config
+        first = next(request_iterator, None)  # the draft's hello: what to stream
+        if first is None:
+            return
+        layers = ()
+        if first.HasField("hello"):
+            try:
+                layers = codec.feature_layers_from_pb(first.hello, config.num_layers)
+            except InvalidArgument as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        out = peer.attach(layers)
         out.put(HiddenStep(self.engine.last_step_id, ()))  # hello: steps up to here are past
-        logging.getLogger(__name__).info("target: draft peer connected")
-        vocab_size = self.engine.model.config.vocab_size
-        threading.Thread(target=_read_probs, args=(peer, request_iterator, out, vocab_size), daemon=True).start()
+        logging.getLogger(__name__).info("target: draft peer connected, reading %s",
+                                         f"the inputs of layers {list(layers)}" if layers else "final hidden states")
+        messages = itertools.chain([first], request_iterator)
+        threading.Thread(target=_read_probs, args=(peer, messages, out, config.vocab_size), daemon=True).start()
         try:
             while context.is_active():
                 try:

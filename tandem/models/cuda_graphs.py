@@ -6,9 +6,9 @@ a layer from Python (bench/results/gpu-20261204.md). A captured graph replays th
 as one launch, as vLLM, SGLang and gpt-fast do.
 
 A graph fixes every shape and address. One is captured per (tokens, sequences, queries per
-sequence, key pages rounded up to a power of two): each step copies its inputs and its attention
-plan into that graph's static buffers, the plan's keys padded and the pad masked out (the same
-attention). A shape's first step runs eagerly (a prefill chunk's shape seldom comes again); its
+sequence, key pages rounded up to a power of two, the inputs' widths): each step copies its
+inputs and its attention plan into that graph's static buffers, the plan's keys padded and the
+pad masked out (the same attention). A shape's first step runs eagerly (a prefill chunk's shape seldom comes again); its
 second captures the graph (the capture runs that step; the KV it writes is the step's own).
 Graphs share one memory pool; the least recently used is dropped past `max_graphs`. Steps of
 more than `max_tokens` run eagerly. With `capture=False` the same buffers and padding run
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # forward(batch, *inputs) -> [T, D]; inputs: device tensors with the packed tokens on dim 0.
 Forward = Callable[..., torch.Tensor]
-GraphKey = tuple[int, int, int, int]
+GraphKey = tuple[int, ...]  # (tokens, sequences, queries per sequence, key pages, each input's last dim)
 
 
 @dataclass(slots=True)
@@ -59,7 +59,7 @@ class GraphedForward:
             return self.forward(batch, *inputs)
         rows, queries = plan.query_index.shape
         units = 1 << (plan.key_index.numel() // rows - 1).bit_length()  # the next power of two
-        key = (tokens, rows, queries, units)
+        key = (tokens, rows, queries, units, *(x.shape[-1] for x in inputs))  # widths: an EAGLE-3 head's vary
         g = self._graphs.get(key)
         if g is None and self._first_sight(key):
             return self.forward(batch, *inputs)

@@ -126,6 +126,8 @@ class EagleHead:
         self.rope_sin = signed_sin(rope_sin).to(self.dtype)
         self.backend = backend
         self._model_config = config.model_config()
+        self.feature_layers: tuple[int, ...] = ()  # it reads the target's final-norm hidden state
+        self.feature_width = config.hidden_size
 
     @property
     def model_config(self) -> ModelConfig:
@@ -173,7 +175,7 @@ def build_head_weights(
     hold int8 weights, one scale per row (CPU; tandem.models.linear.Int8Linear), norms and
     biases stay in `dtype`."""
     if "d2t" in state or any(k.startswith("midlayer.") for k in state):
-        raise InvalidArgument("this is an EAGLE-3 checkpoint (midlayer / d2t keys); only EAGLE-1/2 heads are supported")
+        raise InvalidArgument("this is an EAGLE-3 checkpoint (midlayer / d2t keys): tandem.models.eagle3 loads it")
     expected = _expected_shapes(config)
     extra = sorted({k.split(".")[1] for k in state if k.startswith("layers.")} - {str(j) for j in range(config.num_layers)})
     if extra:
@@ -256,8 +258,8 @@ def load_eagle_head(
             f"EAGLE head vocab_size {config.vocab_size} does not match the target's {target.vocab_size}"
         )
     fc, layers = build_head_weights(config, state, dtype, device, head_int8)
-    embed, lm_head = _target_embeddings(target, Path(target_dir), dtype, device)
-    inv_freq, scaling = _head_rope(Path(head_dir), raw)
+    embed, lm_head = target_embeddings(target, Path(target_dir), dtype, device)
+    inv_freq, scaling = head_rope(Path(head_dir), raw)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)
     vocab_ids = read_draft_vocab(Path(head_dir), config.vocab_size, device)
     head = EagleHead(config, fc, layers, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids, lm_head_int8)
@@ -270,7 +272,7 @@ def load_eagle_head(
     return head
 
 
-def _target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+def target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(embed [V, D], lm_head [V, D]) of the target, tied or not (the loader's rule)."""
     embed_key, head_key = "model.embed_tokens.weight", "lm_head.weight"
     found = read_tensors(target_dir, {embed_key, head_key})
@@ -282,7 +284,7 @@ def _target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> 
     return embed, head.contiguous()
 
 
-def _head_rope(head_dir: Path, raw: dict) -> tuple[torch.Tensor, float]:
+def head_rope(head_dir: Path, raw: dict) -> tuple[torch.Tensor, float]:
     """The head's rope through tandem.models.rope; a config AutoConfig cannot place (no
     model_type, as some EAGLE configs have) is read as a Llama config."""
     if raw.get("model_type"):

@@ -90,11 +90,16 @@ def read_draft_vocab(head_dir: Path, vocab_size: int, device="cpu") -> torch.Ten
     path = Path(head_dir) / D2T_FILE
     if not path.exists():
         return None
-    d2t = load_file(str(path))["d2t"].to(torch.int64)
-    ids = torch.arange(d2t.shape[0]) + d2t
+    return vocab_ids_from_d2t(load_file(str(path))["d2t"], vocab_size, str(path)).to(device)
+
+
+def vocab_ids_from_d2t(d2t: torch.Tensor, vocab_size: int, where: str) -> torch.Tensor:
+    """The target id of each draft token (draft id + d2t[draft id]); InvalidArgument unless they
+    map the draft vocabulary into [0, vocab_size) one to one."""
+    ids = torch.arange(d2t.shape[0]) + d2t.to(torch.int64)
     if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
-        raise InvalidArgument(f"{path}: d2t does not map the draft vocabulary into [0, {vocab_size}) one to one")
-    return ids.to(device)
+        raise InvalidArgument(f"{where}: d2t does not map the draft vocabulary into [0, {vocab_size}) one to one")
+    return ids
 
 
 def write_draft_vocab(out_dir: Path, ids: torch.Tensor | None, vocab_size: int) -> None:

@@ -79,19 +79,27 @@ class LlamaModel:
         return F.embedding(input_ids, self.weights.embed)
 
     @torch.inference_mode()
-    def forward(self, batch: ForwardBatch, cache: PagedKVCache, embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, cache: PagedKVCache, embeds: torch.Tensor | None = None,
+                capture: tuple[int, ...] = ()) -> torch.Tensor:
         """Returns the final-norm hidden states [T, D] of every packed token; `embeds` [T, D]:
-        the tokens' embeddings when the caller ran embed() itself."""
+        the tokens' embeddings when the caller ran embed() itself. With `capture` (layer ids, an
+        EAGLE-3 head's aux layers) it returns [T, D * (1 + len(capture))]: the final-norm hidden
+        states, then the residual stream entering each captured layer, in capture's order (one
+        tensor, so that a CUDA graph can hold it)."""
         w = self.weights
         h = self.embed(batch.input_ids) if embeds is None else embeds
         cos = self.rope_cos[batch.positions]
         sin = self.rope_sin[batch.positions]
         eps = self.config.rms_norm_eps
+        captured = {}
         for index, layer in enumerate(w.layers):
+            if index in capture:
+                captured[index] = h
             x = rms_norm(h, layer.input_norm, eps)
             h = h + attention_block(self.config, index, layer, x, cos, sin, batch, cache, self.backend)
             h = h + mlp_block(layer, rms_norm(h, layer.post_norm, eps))
-        return rms_norm(h, w.norm, self.config.rms_norm_eps)
+        out = rms_norm(h, w.norm, self.config.rms_norm_eps)
+        return torch.cat([out, *(captured[i] for i in capture)], dim=-1) if capture else out
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -106,6 +106,8 @@ class MedusaHeads:
         assert lm_heads is None or lm_heads.shape == (h, d, v), lm_heads.shape
         assert shared_lm_head is None or shared_lm_head.weight.shape == (v, d), shared_lm_head.weight.shape
         self.blocks, self.biases = blocks, biases
+        self.feature_layers: tuple[int, ...] = ()  # they read the target's final-norm hidden state
+        self.feature_width = d
         self.lm_heads, self.shared_lm_head = lm_heads, shared_lm_head
         self.dtype = blocks.dtype
 

@@ -66,14 +66,22 @@ class SeqDraftProbs(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., probs: _Optional[_Union[Tensor, _Mapping]] = ..., shape: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ..., rows: _Optional[_Iterable[int]] = ..., flat_index: _Optional[_Union[Tensor, _Mapping]] = ..., on_columns: _Optional[bool] = ...) -> None: ...
 
 class DraftToTarget(_message.Message):
-    __slots__ = ("draft_step_id", "seqs", "columns")
+    __slots__ = ("draft_step_id", "seqs", "columns", "hello")
     DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
     draft_step_id: int
     seqs: _containers.RepeatedCompositeFieldContainer[SeqDraftProbs]
     columns: Tensor
-    def __init__(self, draft_step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqDraftProbs, _Mapping]]] = ..., columns: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    hello: PeerHello
+    def __init__(self, draft_step_id: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqDraftProbs, _Mapping]]] = ..., columns: _Optional[_Union[Tensor, _Mapping]] = ..., hello: _Optional[_Union[PeerHello, _Mapping]] = ...) -> None: ...
+
+class PeerHello(_message.Message):
+    __slots__ = ("feature_layers",)
+    FEATURE_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    feature_layers: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, feature_layers: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftInfo(_message.Message):
     __slots__ = ("method", "model", "hidden_size", "vocab_size", "dtype", "max_num_sequence", "max_draft_tokens", "shape")

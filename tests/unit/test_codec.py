@@ -10,6 +10,7 @@ from tandem.ops import DraftResult, EngineInfo, EntryKind, ForkSequence, StepEnt
 from tandem.peer import DraftProbs, HiddenPairs, HiddenStep
 from tandem.sampling.params import SamplingParams
 from tandem.tensors import tensor_from_pb, tensor_to_pb
+from tandem.v1 import engine_pb2
 
 
 def test_tensor_round_trip_keeps_dtype_and_bits():
@@ -91,6 +92,17 @@ def test_columns_that_are_not_ascending_token_ids_are_invalid_arguments(bad):
     message.columns.CopyFrom(tensor_to_pb(bad))
     with pytest.raises(InvalidArgument, match="not ascending token ids"):
         codec.columns_from_pb(message)
+
+
+def test_the_peer_hello_carries_feature_layers_and_columns():
+    wire = codec.peer_hello_to_pb((2, 15, 27), torch.tensor([1, 4])).SerializeToString()
+    hello = engine_pb2.DraftToTarget.FromString(wire)
+    assert codec.feature_layers_from_pb(hello.hello, 30) == (2, 15, 27)
+    assert torch.equal(codec.columns_from_pb(hello), torch.tensor([1, 4])) and not hello.seqs
+    plain = codec.peer_hello_to_pb(())
+    assert plain.HasField("hello") and not plain.HasField("columns") and codec.feature_layers_from_pb(plain.hello, 30) == ()
+    with pytest.raises(InvalidArgument, match=r"feature layers \[30\] are outside the target's 30 layers"):
+        codec.feature_layers_from_pb(codec.peer_hello_to_pb((2, 30)).hello, 30)
 
 
 def test_proposals_are_checked_before_their_rows_are_allocated():

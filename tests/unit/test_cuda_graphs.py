@@ -14,6 +14,8 @@ from tandem.models.loader import load_model
 from tandem.testing.tiny import build_tiny_model
 from tests.unit.test_tree_attention import tree_input
 
+W = 64  # the tiny model's hidden size: the width of the embeddings each step passes
+
 def new_cache(model):
     mc = model.config
     return PagedKVCache(num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
@@ -68,14 +70,14 @@ def steps(pair):
 def test_decode_and_verify_steps_equal_the_plain_forward(tmp_path):
     pair = Pair(tiny(tmp_path), max_tokens=8)
     steps(pair)
-    assert set(pair.forward._graphs) == {(1, 1, 1, 4), (3, 1, 3, 1), (2, 2, 1, 4), (5, 1, 5, 8), (3, 2, 2, 8)}
+    assert set(pair.forward._graphs) == {(1, 1, 1, 4, W), (3, 1, 3, 1, W), (2, 2, 1, 4, W), (5, 1, 5, 8, W), (3, 2, 2, 8, W)}
     assert not pair.forward._seen  # the prefill, above max_tokens, is never counted
 
 
 def test_a_shape_seen_once_gets_no_buffers(tmp_path):
     pair = Pair(tiny(tmp_path))
     pair.step([(1, [5, 6, 7])])
-    assert not pair.forward._graphs and list(pair.forward._seen) == [(3, 1, 3, 1)]
+    assert not pair.forward._graphs and list(pair.forward._seen) == [(3, 1, 3, 1, W)]
 
 
 def test_a_shape_seen_again_refills_its_buffers(tmp_path):
@@ -83,7 +85,7 @@ def test_a_shape_seen_again_refills_its_buffers(tmp_path):
     pair.twice([(1, [5, 6, 7, 8])])
     for token in (40, 41, 42, 43, 44):  # lengths 5..8 hold 2 pages of 4: one shape; 9 holds 3, padded to 4
         pair.twice([(1, [token])])
-    assert list(pair.forward._graphs) == [(4, 1, 4, 1), (1, 1, 1, 2), (1, 1, 1, 4)]
+    assert list(pair.forward._graphs) == [(4, 1, 4, 1, W), (1, 1, 1, 2, W), (1, 1, 1, 4, W)]
 
 
 def test_least_recently_used_shapes_are_dropped(tmp_path):
@@ -91,7 +93,26 @@ def test_least_recently_used_shapes_are_dropped(tmp_path):
     pair.twice([(1, [5, 6])])
     pair.twice([(1, [7, 8, 9])])
     pair.twice([(1, [10])])
-    assert list(pair.forward._graphs) == [(3, 1, 3, 2), (1, 1, 1, 2)]
+    assert list(pair.forward._graphs) == [(3, 1, 3, 2, W), (1, 1, 1, 2, W)]
+
+
+def test_inputs_of_another_width_get_their_own_graph(tmp_path):
+    """An EAGLE-3 head's steps take the target's aux layers (3D wide) or its own outputs (D) at
+    the same token shape: each width has its own buffers, and each step equals the plain run."""
+    model = tiny(tmp_path)
+    fold = lambda x: x if x.shape[-1] == W else x[:, :W] + x[:, W:].sum(-1, keepdim=True)  # noqa: E731
+    pair = Pair(model)
+    pair.forward = GraphedForward(lambda batch, x: model.forward(batch, pair.graphed, fold(x)), capture=False)
+    gen = torch.Generator().manual_seed(0)
+    for seq_id, width in ((1, W), (2, W), (3, 3 * W), (4, 3 * W)):
+        for cache in (pair.plain, pair.graphed):
+            cache.allocator.add(seq_id)
+        x = torch.randn(2, width, generator=gen)
+        batch, _ = append_batch(pair.plain, model.backend, [(seq_id, [5, 6])], None, pair.device)
+        expected = model.forward(batch, pair.plain, fold(x))
+        batch, _ = append_batch(pair.graphed, model.backend, [(seq_id, [5, 6])], None, pair.device)
+        torch.testing.assert_close(pair.forward(batch, x), expected, rtol=1e-5, atol=1e-5)
+    assert list(pair.forward._graphs) == [(2, 1, 2, 1, W), (2, 1, 2, 1, 3 * W)]
 
 
 def test_enforce_eager_reaches_both_model_services(tmp_path):
