@@ -19,6 +19,7 @@ from draft_service.proposal import proposal_sampler
 from tandem.attention.torch_backend import TorchAttention
 from tandem.kv.batching import TreeInput, append_batch
 from tandem.kv.cache import PagedKVCache
+from tandem.models.eagle3 import random_eagle3_checkpoint
 from tandem.models.eagle_io import random_eagle_checkpoint
 from tandem.models.loader import load_model
 from tandem.ops import AddSequence, DraftRequest, DraftSeq, PopTokens, RemoveSequence
@@ -40,16 +41,25 @@ def model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0)
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1-layer", "2-layer"])
+@pytest.fixture(scope="module", params=[1, 2, "eagle3"], ids=["1-layer", "2-layer", "eagle3"])
 def head_dir(model_dir, tmp_path_factory, request):
-    """Heads of one decoder layer and of two (each tree fork copies and keeps every KV layer)."""
-    return random_eagle_checkpoint(tmp_path_factory.mktemp("heads") / "random", model_dir, seed=3,
-                                   num_layers=request.param)
+    """Heads of one decoder layer and of two (each tree fork copies and keeps every KV layer),
+    and an EAGLE-3 head (it reads three target layers, and its own outputs on draft steps)."""
+    out = tmp_path_factory.mktemp("heads") / "random"
+    if request.param == "eagle3":
+        return random_eagle3_checkpoint(out, model_dir, seed=3, aux_layers=(0, 1, 1))
+    return random_eagle_checkpoint(out, model_dir, seed=3, num_layers=request.param)
 
 
 @pytest.fixture(scope="module")
 def head(model_dir, head_dir):
     return load_draft_head("eagle", head_dir, model_dir, "float32", "cpu")
+
+
+@pytest.fixture
+def pairs(head):
+    """real_pairs of the width the head reads."""
+    return lambda seed, n, start=0: real_pairs(seed, n, start, hidden=head.feature_width)
 
 
 class Rig:
@@ -169,10 +179,10 @@ def grown(monkeypatch):
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
-def test_every_expanded_node_equals_its_path_run_causally(head, head_dir, model_dir, params, grown):
+def test_every_expanded_node_equals_its_path_run_causally(head, pairs, head_dir, model_dir, params, grown):
     recorder = LogitsRecorder(head)
     rig = Rig(recorder, head_dir, model_dir, top_k=3, budget=40)  # keeps every candidate
-    first, second = real_pairs(1, 7), real_pairs(2, 3, start=7)
+    first, second = pairs(1, 7), pairs(2, 3, start=7)
     rig.feed({1: first})
     rig.draft({1: 4}, [AddSequence(1, params)])
     rig.feed({1: second})  # the second call pops the first tree and grows on the longer prefix
@@ -209,22 +219,22 @@ def test_every_expanded_node_equals_its_path_run_causally(head, head_dir, model_
             assert not probs[node].any()  # a leaf's row is never read
 
 
-def test_sequences_batched_grow_the_trees_they_grow_alone(head, head_dir, model_dir):
+def test_sequences_batched_grow_the_trees_they_grow_alone(head, pairs, head_dir, model_dir):
     """One forward per depth for all sequences: each tree equals the one drafted alone,
     whatever the other sequences' depths (2, 4, 0) and sampling params."""
     params = {1: GREEDY, 2: SAMPLED, 3: GREEDY}
     depths = {1: 2, 2: 4, 3: 0}
-    pairs = {s: real_pairs(10 + s, 5 + s) for s in params}
+    fed = {s: pairs(10 + s, 5 + s) for s in params}
     rig = Rig(head, head_dir, model_dir, top_k=2, budget=100)  # keeps every candidate
-    rig.feed(pairs)
+    rig.feed(fed)
     together = rig.draft(depths, [AddSequence(s, p) for s, p in params.items()])
     assert together.tokens[3] == () and together.parents[3] == ()
     for s in (1, 2):
         alone = Rig(head, head_dir, model_dir, top_k=2, budget=100)
-        alone.feed({s: pairs[s]})
+        alone.feed({s: fed[s]})
         result = alone.draft({s: depths[s]}, [AddSequence(s, params[s])])
         assert result.tokens[s] == together.tokens[s] and result.parents[s] == together.parents[s]
-        tree = as_tree(pairs[s][1][-1], result.tokens[s], result.parents[s])
+        tree = as_tree(fed[s][1][-1], result.tokens[s], result.parents[s])
         size = 1 + 2 + 4 * (depths[s] - 1) if params[s].greedy else 1 + 2 * depths[s]  # all, or frontiers
         assert tree.max_depth == depths[s] and len(tree) == size
 
@@ -232,18 +242,18 @@ def test_sequences_batched_grow_the_trees_they_grow_alone(head, head_dir, model_
 # -- (b) top_k = 1 is the chain ---------------------------------------------------------------
 
 
-def test_top_1_tree_is_the_greedy_chain(head, head_dir, model_dir):
+def test_top_1_tree_is_the_greedy_chain(head, pairs, head_dir, model_dir):
     trees = Rig(head, head_dir, model_dir, top_k=1, budget=16)
     chains = Rig(head, head_dir, model_dir, shape="chain")
     adds = [AddSequence(s, GREEDY) for s in (1, 2)]
     for rig in (trees, chains):
-        rig.feed({1: real_pairs(1, 6), 2: real_pairs(2, 9)})
+        rig.feed({1: pairs(1, 6), 2: pairs(2, 9)})
     tree_result, chain_result = trees.draft({1: 3, 2: 5}, adds), chains.draft({1: 3, 2: 5}, adds)
     assert chain_result.parents is None
     assert tree_result.tokens == chain_result.tokens
     assert tree_result.parents == {1: (0, 1, 2), 2: (0, 1, 2, 3, 4)}
     for rig in (trees, chains):  # a second round: both pop their speculative positions
-        rig.feed({1: real_pairs(3, 2, start=6)})
+        rig.feed({1: pairs(3, 2, start=6)})
     tree_result, chain_result = trees.draft({1: 4, 2: 2}), chains.draft({1: 4, 2: 2})
     assert tree_result.tokens == chain_result.tokens and len(tree_result.tokens[1]) == 4
     assert tree_result.tokens[2] == ()  # no new pairs: no drafts, as in a chain
@@ -253,9 +263,9 @@ def test_top_1_tree_is_the_greedy_chain(head, head_dir, model_dir):
 
 
 @pytest.mark.parametrize("top_k,budget,depth", [(3, 5, 3), (2, 100, 3), (4, 16, 6), (1, 2, 5)])
-def test_budget_depth_topology_and_distinct_siblings(head, head_dir, model_dir, top_k, budget, depth):
+def test_budget_depth_topology_and_distinct_siblings(head, pairs, head_dir, model_dir, top_k, budget, depth):
     rig = Rig(head, head_dir, model_dir, top_k=top_k, budget=budget)
-    start, tokens, hidden = real_pairs(7, 9)
+    start, tokens, hidden = pairs(7, 9)
     rig.feed({1: (start, tokens, hidden)})
     result = rig.draft({1: depth}, [AddSequence(1, SAMPLED)])
     drafts, parents = result.tokens[1], result.parents[1]
@@ -268,15 +278,15 @@ def test_budget_depth_topology_and_distinct_siblings(head, head_dir, model_dir, 
     assert rig.engine._seqs[1].speculative == top_k * (depth - 1)
 
 
-def test_sampled_trees_send_their_proposals_one_row_per_node(head, head_dir, model_dir, monkeypatch):
+def test_sampled_trees_send_their_proposals_one_row_per_node(head, pairs, head_dir, model_dir, monkeypatch):
     rig = Rig(head, head_dir, model_dir, top_k=3, budget=7)
     sent = []
     monkeypatch.setattr(rig.peer, "send_probs", sent.append)
-    rig.feed({1: real_pairs(1, 5), 2: real_pairs(2, 6)})
+    rig.feed({1: pairs(1, 5), 2: pairs(2, 6)})
     result = rig.draft({1: 3, 2: 3}, [AddSequence(1, SAMPLED), AddSequence(2, GREEDY)])
     assert result.sampled_trees == {1}
     assert len(sent) == 1 and set(sent[0].probs) == {1}  # greedy trees send nothing
-    tree = as_tree(real_pairs(1, 5)[1][-1], result.tokens[1], result.parents[1])
+    tree = as_tree(pairs(1, 5)[1][-1], result.tokens[1], result.parents[1])
     q = sent[0].probs[1]
     assert q.shape == (len(tree), head.config.vocab_size) == (8, head.config.vocab_size)
     assert q.dtype == torch.float16  # the rounded rows the draft drew from
@@ -286,7 +296,7 @@ def test_sampled_trees_send_their_proposals_one_row_per_node(head, head_dir, mod
     assert int((q[0] > 0).sum()) < head.config.vocab_size
     again = Rig(head, head_dir, model_dir, top_k=3, budget=7)  # the same seed draws the same tree
     monkeypatch.setattr(again.peer, "send_probs", lambda m: None)
-    again.feed({1: real_pairs(1, 5)})
+    again.feed({1: pairs(1, 5)})
     assert again.draft({1: 3}, [AddSequence(1, SAMPLED)]).tokens[1] == result.tokens[1]
 
 
@@ -306,14 +316,14 @@ def test_the_proposal_is_cut_to_the_drafts_top_k(head_dir, model_dir):
 # -- (d) speculative positions and pages --------------------------------------------------------
 
 
-def test_speculative_positions_are_popped_and_no_pages_leak(head, head_dir, model_dir):
+def test_speculative_positions_are_popped_and_no_pages_leak(head, pairs, head_dir, model_dir):
     rig = Rig(head, head_dir, model_dir, top_k=3, budget=8)
     engine = rig.engine
-    rig.feed({1: real_pairs(1, 6), 2: real_pairs(2, 4)})
+    rig.feed({1: pairs(1, 6), 2: pairs(2, 4)})
     rig.draft({1: 3, 2: 2}, [AddSequence(1, GREEDY), AddSequence(2, SAMPLED)])
     assert engine.allocator.length(1) == 6 + 3 * 2 and engine.allocator.length(2) == 4 + 3
     # the next call pops them before it absorbs the new pairs, which continue the real ones
-    rig.feed({1: real_pairs(3, 2, start=6)})
+    rig.feed({1: pairs(3, 2, start=6)})
     result = rig.draft({1: 1, 2: 3})
     assert len(result.tokens[1]) == 3 and result.tokens[2] == ()
     assert engine.allocator.length(1) == 8 and engine.allocator.length(2) == 4
