@@ -68,7 +68,8 @@ def is_eagle3_folder(head_dir: Path) -> bool:
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
-    return (2, num_layers // 2, num_layers - 3)
+    """EAGLE-3's 2, L/2 and L-3, clamped into the layers of a target of under 5 (tiny test models)."""
+    return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@ TrainConfig they build. Unset sizes take the mode's default: the full recipe for
 model, or --quick (a tiny model, built-in prompts, seconds)."""
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -84,6 +85,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="EAGLE: the token loss is the KL from the target's next-token distribution over the draft "
                         "vocabulary (its logits from the cached features) instead of CE on its greedy token")
     _flag(p, "ttt_steps", help="EAGLE: draft steps unrolled in training (1: EAGLE-1; >1: EAGLE-3 training-time test)")
+    p.add_argument("--eagle3", action="store_true", default=_env_flag("eagle3"),
+                   help="EAGLE: train an EAGLE-3 head: it reads the inputs of the target's layers 2, L/2 and L-3 "
+                        "(made from the answers by one more prefill), ranks with its own norm and lm_head, and learns "
+                        "from the token loss alone (an --eval-head or --init-head folder of EAGLE-3 implies it)")
     p.add_argument("--init-from-target", action="store_true", default=_env_flag("init_from_target"),
                    help="EAGLE: start the head's first layer from the target's last decoder layer")
     _flag(p, "draft_layers", help="EAGLE: decoder layers in the head (default 1, or --init-head's; more than "
@@ -135,7 +140,24 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
         medusa_heads=_pick(args, "medusa_heads", mode, 4), medusa_layers=_pick(args, "medusa_layers", mode, 1),
         medusa_lm_head=args.medusa_lm_head, eval_mtbench=_pick(args, "eval_mtbench", mode, 0),
         extra_data=tuple(Path(d) for d in args.extra_data), cut_loops=args.cut_loops,
+        aux_layers=_aux_layers(args, target),
     ), home
+
+
+def _aux_layers(args, target: Path) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 head reads: an --eval-head / --init-head EAGLE-3 folder's,
+    else with --eagle3 EAGLE-3's default (2, L/2, L-3); () for other heads."""
+    from tandem.models.config import ModelConfig
+    from tandem.models.eagle3 import default_aux_layers, is_eagle3_folder
+
+    folder = args.eval_head or args.init_head
+    default = default_aux_layers(ModelConfig.from_folder(target).num_layers) if args.method == "eagle" else ()
+    if default and folder and is_eagle3_folder(folder):
+        return tuple(json.loads((Path(folder) / "config.json").read_text()).get("eagle_aux_hidden_state_layer_ids")
+                     or default)
+    if args.eagle3 and folder:
+        raise SystemExit(f"tandem train-draft: --eagle3 with {folder}, an EAGLE-1/2 head")
+    return default if args.eagle3 else ()
 
 
 def _check_flags(args) -> None:
@@ -150,6 +172,12 @@ def _check_flags(args) -> None:
         raise SystemExit("tandem train-draft: --draft-layers is for EAGLE heads")
     if args.soft_labels and args.method != "eagle":
         raise SystemExit("tandem train-draft: --soft-labels is for EAGLE (Medusa's heads train on the target's tokens)")
+    clash = [flag for flag, given in (("--method medusa", args.method != "eagle"), ("--draft-layers", args.draft_layers),
+                                      ("--init-from-target", args.init_from_target),
+                                      ("--soft-labels", args.soft_labels)) if given]
+    if args.eagle3 and clash:
+        raise SystemExit(f"tandem train-draft: --eagle3 trains one EAGLE-3 layer on the token loss; it cannot go with "
+                         f"{', '.join(clash)}")
     if not args.init_head:
         return
     clash = [flag for flag, given in (("--method medusa", args.method != "eagle"),

@@ -47,6 +47,7 @@ class TrainConfig:
     draft_layers: int = 0  # decoder layers of the head; 0: the --init-head's (or resumed run's), else 1
     init_head: Path | None = None  # a head folder whose weights and draft vocabulary the run starts from
     draft_vocab: int = 0  # 0: the full vocabulary; N: the N most frequent answer tokens (EAGLE-3 d2t)
+    aux_layers: tuple[int, ...] = ()  # EAGLE-3: the target layers whose inputs the head reads; (): EAGLE-1/2
     eval_chain: int = 4  # k of the greedy chains whose accepted length is estimated
     eval_mtbench: int = 0  # also evaluate on the target's answers to this many MT-bench questions
     # Medusa
@@ -65,5 +66,6 @@ class TrainConfig:
 
         out = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
         out["extra_data"] = [str(d) for d in self.extra_data]
+        out["aux_layers"] = list(self.aux_layers)
         out["data"] = spec_dict(self.data)
         return out

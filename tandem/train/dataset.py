@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from tandem.loops import loop_start, loops
-from tandem.train.selfdistill import answers_path, features_path
+from tandem.train.selfdistill import answers_path, aux_path, features_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,7 @@ class Batch:
     features: torch.Tensor  # [N, L, D] float32: the target's final-norm features (0 on padding)
     lengths: torch.Tensor  # [N] int64: real length of each sequence
     prompt_lens: torch.Tensor  # [N] int64: prompt tokens; later tokens are the target's answer
+    aux: torch.Tensor | None = None  # [N, L, nD] float32: the inputs of the target's aux layers (EAGLE-3)
 
     def answer_mask(self, offset: int) -> torch.Tensor:
         """[N, L] bool: position j holds an answer token t_{j + offset} that exists, i.e.
@@ -38,8 +39,9 @@ class ShardedData:
     copying text any draft predicts."""
 
     def __init__(self, data_dir: Path, shards: list[int], extra: Sequence[tuple[Path, int]] = (),
-                 cut_loops: bool = False):
+                 cut_loops: bool = False, aux_layers: tuple[int, ...] = ()):
         self.features: list[np.ndarray] = []  # per shard, memory-mapped [sum L, D]
+        self.aux: list[np.ndarray] = []  # per shard, memory-mapped [sum L, nD] (aux_layers only)
         self.tokens: list[np.ndarray] = []  # per shard, [sum L]
         self.parts = [(Path(data_dir), k) for k in shards] + [(Path(d), k) for d, k in extra]
         rows = []  # (shard slot, start, length, prompt_len)
@@ -47,6 +49,8 @@ class ShardedData:
             with np.load(answers_path(folder, shard)) as z:
                 tokens, lengths, prompt_lens = z["tokens"], z["lengths"], z["prompt_lens"]
             self.features.append(np.load(features_path(folder, shard), mmap_mode="r"))
+            if aux_layers:
+                self.aux.append(np.load(aux_path(folder, shard, aux_layers), mmap_mode="r"))
             starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
             rows += [(slot, int(s), int(n), int(p)) for s, n, p in zip(starts, lengths, prompt_lens)]
             self.tokens.append(tokens)
@@ -79,15 +83,11 @@ class ShardedData:
 
     def batch(self, indices) -> Batch:
         picked = [self.rows[i] for i in indices]
-        width = max(n for _, _, n, _ in picked)
-        dim = self.features[0].shape[1]
-        tokens = torch.zeros(len(picked), width, dtype=torch.long)
-        feats = torch.zeros(len(picked), width, dim, dtype=torch.float32)
-        for r, (i, (slot, start, length, _)) in enumerate(zip(indices, picked)):
-            tokens[r, :length] = torch.from_numpy(self.tokens_of(i).astype(np.int64))
-            rows = np.asarray(self.features[slot][start : start + length], dtype=np.float32)
-            feats[r, :length] = torch.from_numpy(rows)
-        return Batch(tokens, feats, torch.tensor([n for *_, n, _ in picked]), torch.tensor([p for *_, p in picked]))
+        tokens = torch.zeros(len(picked), max(n for _, _, n, _ in picked), dtype=torch.long)
+        for r, i in enumerate(indices):
+            tokens[r, : len(self.tokens_of(i))] = torch.from_numpy(self.tokens_of(i).astype(np.int64))
+        return Batch(tokens, _gather(self.features, picked), torch.tensor([n for *_, n, _ in picked]),
+                     torch.tensor([p for *_, p in picked]), _gather(self.aux, picked) if self.aux else None)
 
     def answer_token_counts(self, vocab_size: int) -> torch.Tensor:
         """[V] int64: how often each token occurs in the answers (for a pruned draft vocabulary)."""
@@ -95,6 +95,14 @@ class ShardedData:
         for i, (_, _, _, prompt_len) in enumerate(self.rows):
             counts += np.bincount(self.tokens_of(i)[prompt_len:], minlength=vocab_size)[:vocab_size]
         return torch.from_numpy(counts)
+
+
+def _gather(arrays: list[np.ndarray], picked: list[tuple[int, int, int, int]]) -> torch.Tensor:
+    """The rows of each picked sequence, [N, L, width] float32, zero-padded."""
+    out = torch.zeros(len(picked), max(n for _, _, n, _ in picked), arrays[0].shape[1], dtype=torch.float32)
+    for r, (slot, start, length, _) in enumerate(picked):
+        out[r, :length] = torch.from_numpy(np.asarray(arrays[slot][start : start + length], dtype=np.float32))
+    return out
 
 
 def step_indices(step: int, batch_size: int, num_sequences: int, seed: int) -> list[int]:

@@ -21,16 +21,19 @@ from tandem.train.losses import shifted
 
 class DraftLayer(nn.Module):
     """One Llama decoder layer of the head. Layer 0 has no input norm (EAGLE's cnets1 skips it:
-    fc's output goes straight into attention); later layers apply theirs."""
+    fc's output goes straight into attention); later layers apply theirs. in_width: what q, k
+    and v read when the caller hands attention its own input (EAGLE-3: embedding and feature,
+    2D); the residual stream stays D wide."""
 
-    def __init__(self, config: dict, index: int):
+    def __init__(self, config: dict, index: int, in_width: int | None = None):
         super().__init__()
         d, inter = config["hidden_size"], config["intermediate_size"]
         self.heads, self.kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
         self.head_dim, self.eps = config["head_dim"], config["rms_norm_eps"]
-        self.q_proj = nn.Linear(d, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
+        width = in_width or d
+        self.q_proj = nn.Linear(width, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, d, bias=False)
         self.gate_proj = nn.Linear(d, inter, bias=False)
         self.up_proj = nn.Linear(d, inter, bias=False)
@@ -38,11 +41,16 @@ class DraftLayer(nn.Module):
         self.post_norm = nn.Parameter(torch.ones(d))
         self.input_norm = nn.Parameter(torch.ones(d)) if index > 0 else None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: list, values: list) -> torch.Tensor:
-        """x [N, L, D] at the positions of cos/sin; appends this step's keys and values (the
-        layer's KV) and attends to all of them."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: list, values: list,
+                attn_input: torch.Tensor | None = None) -> torch.Tensor:
+        """x [N, L, D] (the residual stream) at the positions of cos/sin; appends this step's
+        keys and values (the layer's KV) and attends to all of them. attn_input [N, L, in_width]:
+        what q, k and v read instead of x (after its input norm, if any)."""
         n, length, _ = x.shape
-        a = x if self.input_norm is None else F.rms_norm(x, (x.shape[-1],), self.input_norm.to(x.dtype), self.eps)
+        if attn_input is not None:
+            a = attn_input
+        else:
+            a = x if self.input_norm is None else F.rms_norm(x, (x.shape[-1],), self.input_norm.to(x.dtype), self.eps)
 
         def heads(t, count, rope):
             t = t.view(n, length, count, self.head_dim).transpose(1, 2)
@@ -118,6 +126,16 @@ class EagleTrainHead(nn.Module):
             outs.append(h)
             inputs = h
         return outs
+
+    @staticmethod
+    def readout(h: torch.Tensor) -> torch.Tensor:
+        """What the lm_head reads of a predicted feature: itself (EAGLE-1 has no final norm)."""
+        return h
+
+    @staticmethod
+    def inputs(batch) -> torch.Tensor:
+        """What step 0 reads of a batch: the target's final-norm features."""
+        return batch.features
 
     def draft_labels(self, target_ids: torch.Tensor) -> torch.Tensor:
         """Target token ids -> draft vocabulary ids (-100 for tokens outside a pruned vocabulary)."""

@@ -24,6 +24,8 @@ from tandem.train.acceptance import (STATIC_TREE_WIDTH, TREE_WIDTHS, anchor_rows
                                      sampled_sums, static_tree_metrics)
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import Batch, ShardedData
+from tandem.models.eagle3 import eagle3_config_for_target
+from tandem.train.eagle3_head import Eagle3TrainHead, read_eagle3_head, save_eagle3
 from tandem.train.eagle_head import EagleTrainHead, init_from_target_layer
 from tandem.train.losses import (IGNORE, chunked_topk, linear_cross_entropy, linear_soft_cross_entropy,
                                  sampled_acceptance, shifted, top1_hits)
@@ -69,7 +71,8 @@ class EagleMethod:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.dtype = getattr(torch, cfg.compute_dtype)
-        self.head_config = head_config_for_target(cfg.head_target_dir, fc_bias=True)
+        self.head_config = (eagle3_config_for_target(cfg.head_target_dir, aux_layers=cfg.aux_layers) if cfg.aux_layers
+                            else head_config_for_target(cfg.head_target_dir, fc_bias=True))
         self._lm_head: torch.Tensor | None = None  # the target's whole lm_head, for the evaluation
 
     def build(self, data: ShardedData, saved: dict | None) -> EagleTrainHead:
@@ -87,6 +90,8 @@ class EagleMethod:
         """A head folder (a shipped head) as a training module, to evaluate it or to train it on
         (--init-head), with its own draft vocabulary; --draft-layers above the head's own adds
         layers that start out adding nothing (tandem.train.eagle_head: load_public_state)."""
+        if self.cfg.aux_layers:
+            return self._load_eagle3(head_dir)
         raw, state = read_eagle_checkpoint(head_dir)
         held = EagleConfig.from_dict(raw).num_layers
         layers = self.cfg.draft_layers or held
@@ -97,7 +102,17 @@ class EagleMethod:
         head.load_public_state(state, grow=layers > held)
         return head
 
-    def _head(self, embed, lm_head, d2t, layers: int, *, init_from_target: bool) -> EagleTrainHead:
+    def _load_eagle3(self, head_dir: Path) -> Eagle3TrainHead:
+        raw, state, d2t = read_eagle3_head(head_dir)
+        if tuple(raw.get("eagle_aux_hidden_state_layer_ids") or ()) != self.cfg.aux_layers:
+            raise InvalidArgument(f"the EAGLE-3 head in {head_dir} reads target layers "
+                                  f"{raw.get('eagle_aux_hidden_state_layer_ids')}, the run {list(self.cfg.aux_layers)}")
+        embed, lm_head = target_embeddings(self.cfg.head_target_dir, self.dtype)
+        head = self._head(embed, lm_head, d2t, 1, init_from_target=False)
+        head.load_public_state(state)
+        return head
+
+    def _head(self, embed, lm_head, d2t, layers: int, *, init_from_target: bool) -> EagleTrainHead | Eagle3TrainHead:
         cfg = self.cfg
         if d2t is not None:
             self.head_config["draft_vocab_size"] = len(d2t)
@@ -106,6 +121,8 @@ class EagleMethod:
         longest = cfg.data.max_prompt_tokens + cfg.data.max_new_tokens + max(cfg.ttt_steps, cfg.eval_chain) + 1
         cos, sin = rope_tables(inv_freq, scaling, longest)
         torch.manual_seed(cfg.seed)
+        if cfg.aux_layers:
+            return Eagle3TrainHead(self.head_config, embed, lm_head, cos, sin, d2t)
         head = EagleTrainHead(self.head_config, embed, lm_head, cos, sin, d2t)
         if init_from_target:
             init_from_target_layer(head, target_last_layer(cfg.head_target_dir))
@@ -114,13 +131,17 @@ class EagleMethod:
     def loss(self, head: EagleTrainHead, batch: Batch, with_hits: bool = True) -> tuple[torch.Tensor, dict]:
         """with_hits: also the depth-1 top-1 accuracy of the batch (metrics["top1"]; a pass of its own)."""
         total, metrics = 0.0, {}
-        for s, predicted in enumerate(head.unroll(batch.tokens, batch.features, self.cfg.ttt_steps)):
+        for s, predicted in enumerate(head.unroll(batch.tokens, head.inputs(batch), self.cfg.ttt_steps)):
             mask = batch.answer_mask(s + 2)  # pair i predicts f_{i+s+1} and t_{i+s+2}, an answer token
             wanted = shifted(batch.features, s + 1)[mask]  # f_{i+s+1}: its logits are the target's for t_{i+s+2}
-            feature_loss = F.smooth_l1_loss(predicted[mask].float(), wanted)
             labels = head.draft_labels(shifted(batch.tokens, s + 2)[mask])
-            ce, hits = self._token_loss(head, predicted[mask], wanted, labels, with_hits and s == 0)
-            total = total + STEP_DECAY**s * (feature_loss + self.cfg.ce_weight * ce)
+            ce, hits = self._token_loss(head, head.readout(predicted[mask]), wanted, labels, with_hits and s == 0)
+            if self.cfg.aux_layers:  # EAGLE-3: the token loss alone, its features are its own
+                feature_loss, step_loss = torch.zeros(()), ce
+            else:
+                feature_loss = F.smooth_l1_loss(predicted[mask].float(), wanted)
+                step_loss = feature_loss + self.cfg.ce_weight * ce
+            total = total + STEP_DECAY**s * step_loss
             if s == 0:
                 metrics = {"feature_loss": float(feature_loss.detach()), "ce": float(ce.detach())}
                 if with_hits:
@@ -144,26 +165,31 @@ class EagleMethod:
         for batch in batches:
             anchors = batch.answer_mask(1) & batch.answer_mask(2)
             ranks, accepts = [], []
-            for s, predicted in enumerate(head.unroll(batch.tokens, batch.features, self.cfg.eval_chain)):
-                top = head.to_target_ids(chunked_topk(predicted[anchors], head.lm_head, max(TREE_WIDTHS)))
+            for s, predicted in enumerate(head.unroll(batch.tokens, head.inputs(batch), self.cfg.eval_chain)):
+                read = head.readout(predicted[anchors])
+                top = head.to_target_ids(chunked_topk(read, head.lm_head, max(TREE_WIDTHS)))
                 wanted = shifted(batch.tokens, s + 2, fill=IGNORE)[anchors]
                 valid = batch.answer_mask(s + 2)[anchors]
                 ranks.append(draft_ranks(top, wanted, valid))
-                accept = sampled_acceptance(predicted[anchors], head.lm_head, shifted(batch.features, s + 1)[anchors],
+                accept = sampled_acceptance(read, head.lm_head, shifted(batch.features, s + 1)[anchors],
                                             self._target_lm_head(head), head.d2t)
                 accepts.append(accept * valid)
             parts.append(chain_metrics(ranks, anchor_rows(anchors)) | sampled_sums(accepts))
         return merge_parts(parts)
 
     def _target_lm_head(self, head: EagleTrainHead) -> torch.Tensor:
-        """The target's whole lm_head: the head's own without a pruned vocabulary, else read once."""
-        if head.d2t is None:
+        """The target's whole lm_head: the head's own without a pruned vocabulary (EAGLE-1/2),
+        else read once."""
+        if head.d2t is None and not self.cfg.aux_layers:
             return head.lm_head
         if self._lm_head is None:
             self._lm_head = target_embeddings(self.cfg.head_target_dir, self.dtype)[1]
         return self._lm_head
 
-    def save(self, head: EagleTrainHead, out_dir) -> None:
+    def save(self, head: EagleTrainHead | Eagle3TrainHead, out_dir) -> None:
+        if self.cfg.aux_layers:  # d2t inside the checkpoint, as EAGLE-3 heads carry it
+            save_eagle3(out_dir, self.cfg.head_target_dir, head, self.cfg.aux_layers, self.cfg.save_format)
+            return
         save_eagle_checkpoint(out_dir, self.head_config, head.public_state_dict(), format=self.cfg.save_format)
         write_draft_vocab(out_dir, head.d2t, head.embed.shape[0])
 

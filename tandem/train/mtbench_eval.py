@@ -20,7 +20,7 @@ from tandem.train.config import TrainConfig
 from tandem.train.dataset import ShardedData, eval_batches
 from tandem.train.loop import autocast
 from tandem.train.acceptance import describe_chain
-from tandem.train.selfdistill import answers_path, features_path, make_answers, make_features, shards_done
+from tandem.train.selfdistill import answers_path, features_path, make_answers, make_features, prepare_aux, shards_done
 
 
 def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) -> Path:
@@ -31,6 +31,8 @@ def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) 
                    target_dir=_target_dir(cfg, dtype))
     out = Path(cfg.run_dir) / f"mtbench-{dtype}-q{questions}-a{spec.max_new_tokens}"
     if shards_done(out, spec) == [0]:
+        if cfg.aux_layers:
+            prepare_aux(spec, [(out, 0)], cfg.aux_layers, log=log)
         return out
     prompts = mtbench_first_turns(home)[:questions]
     tokenizer = AutoTokenizer.from_pretrained(spec.target_dir)
@@ -40,6 +42,8 @@ def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) 
         make_answers(model, tokenizer, spec, prompts, 0, out)
     if not features_path(out, 0).is_file():
         make_features(model, spec, 0, out)
+    if cfg.aux_layers:
+        make_features(model, spec, 0, out, cfg.aux_layers)
     return out
 
 
@@ -78,7 +82,7 @@ def evaluate_on_mtbench(cfg: TrainConfig, method, module, home: Path, questions:
     features and, when it differs, the fp32 target's (what a served fp32 target streams)."""
     out = {}
     for dtype in dict.fromkeys([cfg.data.target_dtype, "float32"]):
-        data = ShardedData(mtbench_data(cfg, home, questions, dtype, log), [0])
+        data = ShardedData(mtbench_data(cfg, home, questions, dtype, log), [0], aux_layers=cfg.aux_layers)
         with autocast(getattr(torch, cfg.compute_dtype)):
             metrics = evaluate_with_loops(method, module, data, cfg.batch_size)
         out[dtype] = {"questions": questions, **metrics}

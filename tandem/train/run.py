@@ -29,7 +29,7 @@ from tandem.train.loop import autocast, load_checkpoint, train
 from tandem.train.acceptance import describe_chain, fitted_tree
 from tandem.train.methods import DRAFT_METHODS
 from tandem.train.mtbench_eval import describe_loops, evaluate_on_mtbench, evaluate_with_loops
-from tandem.train.selfdistill import extra_training_shards, model_name, prepare_data, shards_done, source_of
+from tandem.train.selfdistill import extra_training_shards, model_name, prepare_aux, prepare_data, shards_done, source_of
 
 HEAD = "head"
 Log = Callable[[str], None]
@@ -59,8 +59,11 @@ def evaluate_head(cfg: TrainConfig, home: Path | None, head_dir: Path, log: Log 
         module = method.load(Path(head_dir))
         evaluation = {"head": str(head_dir), "method": cfg.method}
         if Path(cfg.data_dir).is_dir() and 0 in shards_done(cfg.data_dir, cfg.data):
+            if cfg.aux_layers:
+                prepare_aux(cfg.data, [(cfg.data_dir, 0)], cfg.aux_layers, log=log)
+            heldout = ShardedData(cfg.data_dir, [0], aux_layers=cfg.aux_layers)
             with autocast(getattr(torch, cfg.compute_dtype)):
-                evaluation["heldout"] = evaluate_with_loops(method, module, ShardedData(cfg.data_dir, [0]), cfg.batch_size)
+                evaluation["heldout"] = evaluate_with_loops(method, module, heldout, cfg.batch_size)
             log(f"held-out: {describe_chain(evaluation['heldout'])}{describe_loops(evaluation['heldout'])}")
         if cfg.eval_mtbench:
             evaluation["mtbench"] = evaluate_on_mtbench(cfg, method, module, home, cfg.eval_mtbench, log)
@@ -85,8 +88,12 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     sitting["data"] = {**stats, "shards": len(stats["shards"])}
     if not sitting["data"]["complete"]:
         return _finish(run_dir, cfg, record, sitting, started, status="data incomplete")
-    heldout = ShardedData(cfg.data_dir, [0])
-    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)), extra, cut_loops=cfg.cut_loops)
+    if cfg.aux_layers:  # EAGLE-3's inputs: one more prefill of every answer, once
+        parts = [(cfg.data_dir, k) for k in range(cfg.data.num_shards)] + extra
+        prepare_aux(cfg.data, parts, cfg.aux_layers, log=log)
+    heldout = ShardedData(cfg.data_dir, [0], aux_layers=cfg.aux_layers)
+    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)), extra, cut_loops=cfg.cut_loops,
+                       aux_layers=cfg.aux_layers)
     method = DRAFT_METHODS[cfg.method](cfg)
     module = _start_module(method, cfg, data, saved)
     result = train(method, module, data, cfg, saved=saved, deadline=deadline, log=log)
@@ -106,7 +113,7 @@ def _sitting(cfg: TrainConfig, home: Path | None, log: Log) -> dict:
     record.update(data_summary(cfg, data, heldout), steps=result["step"], history=result["history"],
                   evaluation=evaluation, draft_vocab=len(d2t) if d2t is not None else cfg.draft_vocab)
     if cfg.method == "eagle":
-        record["draft_layers"] = len(module.layers)
+        record["draft_layers"] = len(getattr(module, "layers", (module,)))  # an EAGLE-3 head has one
     return _finish(run_dir, cfg, record, sitting, started, status=result["status"])
 
 
@@ -177,7 +184,13 @@ def _layers(count: int) -> str:
 
 def model_card(cfg: TrainConfig, record: dict) -> str:
     ev, data, last = record.get("evaluation", {}), record.get("data", {}), (record.get("history") or [{}])[-1]
-    if cfg.method == "eagle":
+    if cfg.aux_layers:
+        arch = (f"EAGLE-3 head (fc over the inputs of target layers {list(cfg.aux_layers)}, one decoder layer over "
+                f"[embed(t_{{i+1}}); feature], its own norm and lm_head), loss CE on the target's greedy token, "
+                f"{cfg.ttt_steps} draft step(s) unrolled in training"
+                f"{f', started from the head in {cfg.init_head}' if cfg.init_head else ''}")
+        use = "tandem up --draft eagle --draft-model <this folder>"
+    elif cfg.method == "eagle":
         token_loss = "KL from the target's distribution" if cfg.soft_labels else "CE on the target's greedy token"
         arch = (f"EAGLE-1 head (fc over [embed(t_{{i+1}}); f_i] + {_layers(record.get('draft_layers', 1))}; the target's embedding "
                 f"and lm_head), loss SmoothL1(features) + {cfg.ce_weight} x {token_loss}, {cfg.ttt_steps} draft step(s) "
@@ -189,7 +202,8 @@ def model_card(cfg: TrainConfig, record: dict) -> str:
                 f"{cfg.medusa_lm_head} lm_head")
         use = "tandem up --draft medusa --draft-model <this folder>"
     if vocab := record.get("draft_vocab", cfg.draft_vocab):
-        arch += f"; pruned draft vocabulary of {vocab} tokens in {D2T_FILE} (EAGLE-3 d2t/t2d)"
+        where = "its checkpoint's d2t" if cfg.aux_layers else f"{D2T_FILE} (EAGLE-3 d2t/t2d)"
+        arch += f"; pruned draft vocabulary of {vocab} tokens in {where}"
     return f"""# {cfg.method} draft head for {model_name(cfg.head_target_dir)}
 
 Trained by `tandem train-draft --method {cfg.method}` (self-distillation). Status: {record['status']}.

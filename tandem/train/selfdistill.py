@@ -94,6 +94,11 @@ def features_path(data_dir: Path, shard: int) -> Path:
     return Path(data_dir) / "features" / f"shard-{shard:05d}.npy"
 
 
+def aux_path(data_dir: Path, shard: int, layers: tuple[int, ...]) -> Path:
+    """The inputs of the target's `layers` at every position of a shard (EAGLE-3's inputs)."""
+    return Path(data_dir) / f"aux-{'-'.join(map(str, layers))}" / f"shard-{shard:05d}.npy"
+
+
 def check_meta(data_dir: Path, spec: DataSpec) -> None:
     """Writes meta.json on first use; refuses a folder made for other data."""
     meta, want = Path(data_dir) / "meta.json", spec.identity()
@@ -211,9 +216,10 @@ def greedy_batch(model, prompts: list[list[int]], max_new: int, stop: set[int]) 
 
 
 @torch.inference_mode()
-def final_features(model, sequences: list[list[int]], batch_tokens: int) -> list[np.ndarray]:
+def final_features(model, sequences: list[list[int]], batch_tokens: int, layers: tuple[int, ...] = ()) -> list[np.ndarray]:
     """The final-norm hidden states [L, D] (float16) of each sequence, in batches of similar
-    length, right-padded (causal attention: real positions never see the padding)."""
+    length, right-padded (causal attention: real positions never see the padding). layers: the
+    inputs of those decoder layers instead, side by side [L, len(layers) * D] (EAGLE-3's)."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     out: list[np.ndarray | None] = [None] * len(sequences)
     start = 0
@@ -227,7 +233,9 @@ def final_features(model, sequences: list[list[int]], batch_tokens: int) -> list
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         for r, i in enumerate(batch):
             ids[r, : len(sequences[i])] = torch.tensor(sequences[i])
-        hidden = model.model(input_ids=ids).last_hidden_state.float()
+        result = model.model(input_ids=ids, output_hidden_states=bool(layers))
+        states = torch.cat([result.hidden_states[i] for i in layers], dim=-1) if layers else result.last_hidden_state
+        hidden = states.float()
         for r, i in enumerate(batch):
             out[i] = hidden[r, : len(sequences[i])].clamp(-65000, 65000).to(torch.float16).numpy()
         start = end
@@ -262,15 +270,28 @@ def make_answers(model, tokenizer, spec: DataSpec, prompts: list[Prompt], shard:
     return sum(len(a) for a in answers)
 
 
-def make_features(model, spec: DataSpec, shard: int, data_dir: Path) -> int:
-    """The features of one shard's sequences; returns the number of tokens run."""
+def make_features(model, spec: DataSpec, shard: int, data_dir: Path, layers: tuple[int, ...] = ()) -> int:
+    """The features of one shard's sequences (with layers: those layers' inputs, aux_path);
+    returns the number of tokens run."""
     with np.load(answers_path(data_dir, shard)) as z:
         tokens, lengths = z["tokens"], z["lengths"]
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     seqs = [tokens[bounds[i]:bounds[i + 1]].tolist() for i in range(len(lengths))]
-    feats = np.concatenate(final_features(model, seqs, spec.feature_batch_tokens))
-    _atomic_save(features_path(data_dir, shard), lambda f: np.save(f, feats))
+    feats = np.concatenate(final_features(model, seqs, spec.feature_batch_tokens, layers))
+    path = aux_path(data_dir, shard, layers) if layers else features_path(data_dir, shard)
+    _atomic_save(path, lambda f: np.save(f, feats))
     return len(tokens)
+
+
+def prepare_aux(spec: DataSpec, parts: list[tuple[Path, int]], layers: tuple[int, ...], *, log: Log) -> None:
+    """Makes the missing aux_path arrays of (folder, shard) parts whose answers exist: a prefill
+    of each sequence through the target (spec's dtype), no generation."""
+    todo = [(d, k) for d, k in parts if not aux_path(d, k, layers).is_file()]
+    if not todo:
+        return
+    model = AutoModelForCausalLM.from_pretrained(spec.target_dir, dtype=getattr(torch, spec.target_dtype)).eval()
+    for folder, shard in progress(todo, desc=f"inputs of layers {list(layers)}", log=log):
+        make_features(model, spec, shard, folder, layers)
 
 
 def shards_done(data_dir: Path, spec: DataSpec) -> list[int]:

@@ -26,6 +26,7 @@ from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.loops import LOOP_SHARE, loop_start, loops, repeated_ngram_share
 from tandem.models.eagle import load_eagle_head
+from tandem.models.eagle3 import load_eagle3_head
 from tandem.models.eagle_io import D2T_FILE
 from tandem.models.llama import ForwardBatch
 from tandem.models.medusa import CHOICES_FILE, load_medusa_heads
@@ -76,7 +77,7 @@ def train_quick(cfg) -> dict:
 def full_data_loss(cfg, state: dict | None) -> float:
     """The method's loss over all training sequences, for a fresh head (the run's seeded
     initialisation) or one loaded with `state`."""
-    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)))
+    data = ShardedData(cfg.data_dir, list(range(1, cfg.data.num_shards)), aux_layers=cfg.aux_layers)
     method = DRAFT_METHODS[cfg.method](cfg)
     module = method.build(data, state)
     if state:
@@ -350,7 +351,8 @@ def test_quick_eagle_lowers_the_loss_and_writes_a_head_that_loads(eagle_run, tin
 def run_loaded_head(head, tokens, features):
     """One prefill of pairs (tokens [n] = t_{i+1}, features [n, D] = f_i) in the head's paged cache;
     returns the predicted features [n, D] and a function that decodes one more pair."""
-    cache = PagedKVCache(num_layers=head.config.num_layers, num_kv_heads=head.config.num_kv_heads, head_dim=head.config.head_dim,
+    mc = head.model_config
+    cache = PagedKVCache(num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
                          num_pages=16, page_size=4, dtype=torch.float32)
 
     def step(toks, feats):
@@ -387,6 +389,37 @@ def test_trained_eagle_head_computes_what_the_serving_head_computes(tiny, data_d
     tokens, feats = batch.tokens[0], batch.features[0]
     prefill, decode = run_loaded_head(head, tokens[1 : anchor + 2], feats[: anchor + 1])
     assert torch.allclose(prefill, step0[0, : anchor + 1], atol=1e-4)
+    chained = decode(tokens[anchor + 2 : anchor + 3], prefill[-1:])
+    assert torch.allclose(chained[0], step1[0, anchor], atol=1e-4)
+    assert_the_head_folder_evaluates_as_its_run(cfg)
+
+
+def test_trained_eagle3_head_computes_what_the_serving_head_computes(tiny, data_dir, tmp_path):
+    """--eagle3 with a pruned vocabulary and 2 unrolled steps lowers the loss and writes the public
+    EAGLE-3 format: the served head's prefill on the run's aux inputs equals step 0 of the unroll,
+    a decode of its own output equals step 1, its scores are the trainer's, and --eval-head on the
+    folder (no --eagle3: the folder says it) gives the run's figures."""
+    cfg = quick_config(tiny, tmp_path / "run", data_dir, "--eagle3", "--ttt-steps", "2", "--draft-vocab", "100")
+    assert cfg.aux_layers == (1, 1, 0)  # 2, L/2, L-3 clamped into the tiny target's 2 layers
+    train_quick(cfg)
+    saved = load_checkpoint(cfg.run_dir)["model"]
+    assert full_data_loss(cfg, saved) < 0.9 * full_data_loss(cfg, None)
+    config = json.loads((cfg.run_dir / "head" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 100
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 1, 0] and not (cfg.run_dir / "head" / D2T_FILE).exists()
+    data = ShardedData(cfg.data_dir, [1], aux_layers=cfg.aux_layers)
+    module = DRAFT_METHODS["eagle"](cfg).build(data, saved)
+    module.load_state_dict(saved)
+    batch, anchor = data.batch([0]), 6
+    with torch.no_grad():
+        step0, step1 = module.unroll(batch.tokens, batch.aux, 2)
+        trained_scores = module.readout(step0[0, : anchor + 1]) @ module.lm_head.T
+    head = load_eagle3_head(cfg.run_dir / "head", tiny, dtype=torch.float32, backend=TorchAttention())
+    assert torch.equal(head.vocab_ids, module.d2t)
+    tokens, aux = batch.tokens[0], batch.aux[0]
+    prefill, decode = run_loaded_head(head, tokens[1 : anchor + 2], aux[: anchor + 1])
+    assert torch.allclose(prefill, step0[0, : anchor + 1], atol=1e-4)
+    assert torch.allclose(head.scores(prefill), trained_scores, atol=1e-3)
     chained = decode(tokens[anchor + 2 : anchor + 3], prefill[-1:])
     assert torch.allclose(chained[0], step1[0, anchor], atol=1e-4)
     assert_the_head_folder_evaluates_as_its_run(cfg)
@@ -612,3 +645,18 @@ def test_soft_labels_and_draft_layers_are_refused_for_medusa(tiny, tmp_path):
         quick_config(tiny, tmp_path / "run", tmp_path / "data", "--method", "medusa", "--soft-labels")
     with pytest.raises(SystemExit, match="--draft-layers is for EAGLE"):
         quick_config(tiny, tmp_path / "run", tmp_path / "data", "--method", "medusa", "--draft-layers", "2")
+
+
+@pytest.mark.parametrize("flags", [["--draft-layers", "2"], ["--init-from-target"], ["--soft-labels"],
+                                   ["--method", "medusa"]])
+def test_eagle3_refuses_flags_of_other_heads(tiny, tmp_path, flags):
+    with pytest.raises(SystemExit, match="--eagle3 trains one EAGLE-3 layer on the token loss"):
+        quick_config(tiny, tmp_path / "run", tmp_path / "data", "--eagle3", *flags)
+
+
+def test_eagle3_refuses_an_eagle1_init_head(tiny, tmp_path):
+    from tandem.models.eagle_io import random_eagle_checkpoint
+
+    head = random_eagle_checkpoint(tmp_path / "head", tiny)
+    with pytest.raises(SystemExit, match="an EAGLE-1/2 head"):
+        quick_config(tiny, tmp_path / "run", tmp_path / "data", "--eagle3", "--init-head", str(head))
