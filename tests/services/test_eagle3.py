@@ -38,7 +38,9 @@ def head(tiny_model, tmp_path_factory):
                                     vocab_ids=torch.arange(0, vocab, 2), aux_layers=AUX)
 
 
-@pytest.mark.parametrize("draft", [{}, {"shape": "tree", "tree_top_k": 2, "tree_node_budget": 6}], ids=["chain", "tree"])
+@pytest.mark.parametrize("draft", [{"lm_head_quant": "int8", "head_quant": "int8"},  # tandem up's CPU default
+                                   {"shape": "tree", "tree_top_k": 2, "tree_node_budget": 6}],
+                         ids=["int8 chain", "tree"])
 def test_greedy_equals_target(tiny_model, reference, head, draft):
     s = start_services(tiny_model, draft_model=head, router={"spec_draft_length": 3}, draft=draft)
     try:

@@ -194,3 +194,23 @@ def test_target_captures_the_inputs_of_its_layers(target):
     assert_close(wide[:, :d], states[-1][0])
     for j, layer in enumerate((3, 0, 2)):
         assert_close(wide[:, d * (j + 1): d * (j + 2)], states[layer][0])
+
+
+def test_int8_projections_predict_close_to_fp32(target, tmp_path):
+    """head_int8 / lm_head_int8 (tandem up's CPU defaults): fc, the layer and the lm_head hold int8
+    weights; the outputs and scores stay within a few percent."""
+    from tandem.models.linear import Int8Linear
+
+    head_dir = write_head(tmp_path / "head", target)
+    exact = load(head_dir, target)
+    int8 = load_eagle3_head(head_dir, target, dtype=torch.float32, backend=TorchAttention(), head_int8=True,
+                            lm_head_int8=True)
+    layer = int8.weights.layer
+    assert all(isinstance(p, Int8Linear) for p in (int8.weights.fc, layer.qkv, layer.o, layer.gate_up, layer.down,
+                                                  int8.lm_head))
+    gen = torch.Generator().manual_seed(1)
+    tokens, features = torch.randint(3, 400, (5,), generator=gen), torch.randn(5, 3 * 64, generator=gen)
+    want, got = (HeadRunner(h).step([(1, tokens, features)])[0] for h in (exact, int8))
+    assert not torch.equal(want, got) and (got - want).abs().max() < 0.05 * want.abs().max()
+    scores = exact.scores(want)
+    assert (int8.scores(want) - scores).abs().max() < 0.05 * scores.abs().max()
