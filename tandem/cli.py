@@ -281,7 +281,8 @@ def _draft_parser(sub) -> None:
     _add_target_flags(p)
     p.add_argument("--method", default=_env("draft_method", "eagle"), choices=sorted(DRAFT_METHODS))
     _add_draft_shape_flags(p)
-    p.add_argument("--draft-model", default=_env("draft_model", None), help="draft head checkpoint folder")
+    p.add_argument("--draft-model", default=_env("draft_model", None),
+                   help="draft head checkpoint folder (--method eagle: an EAGLE-1/2 or EAGLE-3 head, told apart by its files)")
     p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"), help="target, for the peer stream")
     p.add_argument("--host", default=_env("draft_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("draft_port", 50053))

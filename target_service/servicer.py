@@ -55,7 +55,10 @@ class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
     def Peer(self, request_iterator, context):
         """The draft's stream: hidden states out, draft probabilities in (on a reader thread)."""
         peer, config = self.engine.peer, self.engine.model.config
-        first = next(request_iterator, None)  # the draft's hello: what to stream
+        try:
+            first = next(request_iterator, None)  # the draft's hello: what to stream
+        except grpc.RpcError:  # the draft went away first
+            return
         if first is None:
             return
         layers = ()
