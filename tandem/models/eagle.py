@@ -263,13 +263,19 @@ def load_eagle_head(
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)
     vocab_ids = read_draft_vocab(Path(head_dir), config.vocab_size, device)
     head = EagleHead(config, fc, layers, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids, lm_head_int8)
-    if torch.device(device).type == "cpu":  # the draft process's own kernels: its small weights, else its lm_head
-        projections = [fc] + [p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        own = [p for p in projections if isinstance(p, Linear)]
-        timed = own or [p for p in (head.lm_head,) if isinstance(p, Linear)]
-        if timed:
-            choose_cpu_kernels(timed)
+    if torch.device(device).type == "cpu":
+        choose_draft_kernels([fc] + [p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)],
+                             head.lm_head)
     return head
+
+
+def choose_draft_kernels(projections: list, lm_head) -> None:
+    """Times the CPU kernels on the draft process's own projections, its small weights (those
+    not in int8), else on its lm_head."""
+    own = [p for p in projections if isinstance(p, Linear)]
+    timed = own or [p for p in (lm_head,) if isinstance(p, Linear)]
+    if timed:
+        choose_cpu_kernels(timed)
 
 
 def target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:

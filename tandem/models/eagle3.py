@@ -35,10 +35,10 @@ from tandem.attention.base import AttentionBackend
 from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
-from tandem.models.eagle import EagleConfig, head_rope, target_embeddings
+from tandem.models.eagle import EagleConfig, choose_draft_kernels, head_rope, target_embeddings
 from tandem.models.eagle_io import (WEIGHT_FILES, head_config_for_target, read_eagle_checkpoint, save_eagle_checkpoint,
                                     vocab_ids_from_d2t, widen_vocab)
-from tandem.models.linear import Int8Linear, Linear, choose_cpu_kernels, make_head_projection
+from tandem.models.linear import Int8Linear, Linear, make_head_projection
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
 from tandem.models.rope import rope_tables, signed_sin
 
@@ -241,12 +241,9 @@ def load_eagle3_head(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, ba
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.layer.max_position_embeddings)
     head = Eagle3Head(config, weights, embed, cos.to(device), sin.to(device), backend,
                       draft_vocab(config, state, device), lm_head_int8)
-    if torch.device(device).type == "cpu":  # the draft process's own kernels, as load_eagle_head's
+    if torch.device(device).type == "cpu":
         layer = weights.layer
-        own = [p for p in (weights.fc, layer.qkv, layer.o, layer.gate_up, layer.down) if isinstance(p, Linear)]
-        timed = own or [p for p in (head.lm_head,) if isinstance(p, Linear)]
-        if timed:
-            choose_cpu_kernels(timed)
+        choose_draft_kernels([weights.fc, layer.qkv, layer.o, layer.gate_up, layer.down], head.lm_head)
     return head
 
 
