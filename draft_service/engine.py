@@ -257,7 +257,8 @@ class DraftEngine:
         return {s: tuple(d) for s, d in drafts.items()}
 
     def _forward(self, items) -> torch.Tensor:
-        """items: (seq_id, tokens, features [n, D]); returns the predicted feature of each
+        """items: (seq_id, tokens, features [n, F]: the target's, F the head's feature_width, or
+        its own predicted ones, [n, D]); returns the predicted feature of each
         item's last pair, [S, D]."""
         out, first_rows = self._run(items)
         last = torch.tensor([first_rows[s] + len(t) - 1 for s, t, _ in items], device=self.device)
@@ -272,7 +273,7 @@ class DraftEngine:
         return [out[first_rows[s] : first_rows[s] + len(t)] for s, t, _ in items]
 
     def _run(self, items, trees=None) -> tuple[torch.Tensor, dict[int, int]]:
-        """Appends and runs items (seq_id, tokens, features [n, D]); returns the packed
+        """Appends and runs items (seq_id, tokens, features as _forward's); returns the packed
         predicted features [T, D] and each item's first row."""
         new = [(s, t) for s, t, _ in items]
         batch, first_rows = append_batch(self.cache, self.head.backend, new, None, self.device, trees)

@@ -16,6 +16,7 @@ from tandem.v1 import engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 RECONNECT_S = 0.5
+REFUSED_RETRY_S = 5.0  # a target that refused the hello is asked again (it may be replaced)
 KEEP_TRACE_CONTEXTS = 16  # target steps whose trace context is kept (a Draft call asks for the last)
 
 
@@ -33,6 +34,8 @@ class DraftPeer:
         self.columns: torch.Tensor | None = None  # a pruned draft vocabulary's token ids (use_columns)
         self.feature_layers: tuple[int, ...] = ()  # the target layers the head reads (use_features)
         self.feature_width: int | None = None  # the width of the hidden states it reads
+        self.refusal: str | None = None  # why the target last refused the stream (INVALID_ARGUMENT)
+        self._width_warned = False  # one warning a stream for hidden states of another width
 
     def use_features(self, layers: tuple[int, ...], width: int) -> None:
         """The target layers whose inputs the head reads (EAGLE-3's aux layers; () for the
@@ -101,16 +104,25 @@ class DraftPeer:
     def _run(self) -> None:
         one_torch_thread()  # it decodes hidden states while the target computes
         while not self._stop.is_set():
+            refused = False
             try:
                 self._stream_once()
-            except (grpc.RpcError, grpc.FutureTimeoutError) as e:
+            except grpc.RpcError as e:
+                refused = isinstance(e, grpc.Call) and e.code() == grpc.StatusCode.INVALID_ARGUMENT
+                if refused:  # the target will not serve this head (another model?): say why, once
+                    if e.details() != self.refusal:
+                        log.error("draft: the target at %s refused the peer stream: %s", self.target_address, e.details())
+                    self.refusal = e.details()
+                elif self._connected:
+                    log.warning("draft: peer stream to %s lost: %s", self.target_address, e)
+            except grpc.FutureTimeoutError as e:
                 if self._connected:
                     log.warning("draft: peer stream to %s lost: %s", self.target_address, e)
             except Exception:  # the thread must live on, or speculation never comes back
                 log.exception("draft: peer stream failed")
             finally:
                 self._connected = False
-            self._stop.wait(RECONNECT_S)
+            self._stop.wait(REFUSED_RETRY_S if refused else RECONNECT_S)
 
     def _stream_once(self) -> None:
         with grpc.insecure_channel(self.target_address, options=CHANNEL_OPTIONS) as channel:
@@ -131,12 +143,14 @@ class DraftPeer:
     def _receive(self, step) -> None:
         with self._cond:
             if not self._connected:
-                self._connected = True
+                self._connected, self._width_warned, self.refusal = True, False, None
                 log.info("draft: peer stream to %s open", self.target_address)
             for pairs in step.seqs:
                 if self.feature_width is not None and pairs.hidden.shape[-1] != self.feature_width:
-                    log.warning("draft: hidden states of width %d dropped from sequence %d, the head reads %d",
-                                pairs.hidden.shape[-1], pairs.seq_id, self.feature_width)
+                    if not self._width_warned:
+                        log.warning("draft: hidden states of width %d dropped, the head reads %d: a target that "
+                                    "ignores the feature layers of its hello?", pairs.hidden.shape[-1], self.feature_width)
+                        self._width_warned = True
                     continue  # a gap: the sequence drafts no more, as after a lost stream
                 self._pending.setdefault(pairs.seq_id, []).append(pairs)
             self._last_step = max(self._last_step, step.step_id)

@@ -72,7 +72,8 @@ def start_draft(config: DraftConfig, tracing: Tracing | None = None):
     engine, kind = compute.submit(build_engine, config, peer, tracing).result()  # built where it computes
     peer.start()
     if not peer.wait_connected(config.hidden_timeout_s * 6):
-        raise RuntimeError(f"draft: no peer stream to the target at {config.target_address}")
+        why = f": it refused it ({peer.refusal})" if peer.refusal else ""
+        raise RuntimeError(f"draft: no peer stream to the target at {config.target_address}{why}")
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
     max_draft_tokens, shape = kind.describe(engine)
     servicer = DraftServicer(engine, config.method, config.model_dir.name, compute,

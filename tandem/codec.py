@@ -262,6 +262,8 @@ def peer_hello_to_pb(feature_layers: tuple[int, ...], columns: torch.Tensor | No
 def feature_layers_from_pb(m: pb.PeerHello, num_layers: int) -> tuple[int, ...]:
     """The hello's feature layers; InvalidArgument naming any outside the target's layers."""
     layers = tuple(m.feature_layers)
+    if len(layers) > num_layers:  # each costs a [T, D] copy a step: bounded by the model
+        raise InvalidArgument(f"draft feature layers: {len(layers)} of them, the target has {num_layers} layers")
     bad = [i for i in layers if i >= num_layers]
     if bad:
         raise InvalidArgument(f"draft feature layers {bad} are outside the target's {num_layers} layers "

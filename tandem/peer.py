@@ -77,7 +77,7 @@ class TargetPeer:
     def detach(self, out: queue.Queue) -> None:
         with self._cond:
             if self._out is out:
-                self._out = None
+                self._out, self.feature_layers = None, ()  # no peer: no layers to capture
             self._cond.notify_all()
 
     def clear_probs(self) -> None:

@@ -321,9 +321,12 @@ class TargetEngine:
         """Streams (hidden state, next token) pairs of every accepted position to the draft;
         `hidden` [T, F]: what the draft reads of each packed row (the peer's feature layers).
         A chunk's last position waits for its next token (the next chunk's first) in a carry."""
-        if not self.peer.connected:
+        stale = self.peer.feature_layers != self._capture  # a peer reading other layers attached mid-step
+        if not self.peer.connected or stale:
             for e in entries:  # their pairs are lost; a stale carry would pair wrongly later
                 self._carry.pop(e.seq_id, None)
+            if stale:
+                self.peer.send(HiddenStep(step_id, (), trace_context))  # the step is past, its pairs lost
             return
         pairs = []
         for e in entries:

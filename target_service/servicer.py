@@ -66,6 +66,7 @@ class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
             try:
                 layers = codec.feature_layers_from_pb(first.hello, config.num_layers)
             except InvalidArgument as e:
+                logging.getLogger(__name__).error("target: draft peer refused: %s", e)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         out = peer.attach(layers)
         out.put(HiddenStep(self.engine.last_step_id, ()))  # hello: steps up to here are past

@@ -8,8 +8,9 @@ as one launch, as vLLM, SGLang and gpt-fast do.
 A graph fixes every shape and address. One is captured per (tokens, sequences, queries per
 sequence, key pages rounded up to a power of two, the inputs' widths): each step copies its
 inputs and its attention plan into that graph's static buffers, the plan's keys padded and the
-pad masked out (the same attention). A shape's first step runs eagerly (a prefill chunk's shape seldom comes again); its
-second captures the graph (the capture runs that step; the KV it writes is the step's own).
+pad masked out (the same attention). A shape's first step runs eagerly (a prefill chunk's shape
+seldom comes again); its second captures the graph (the capture runs that step; the KV it writes
+is the step's own).
 Graphs share one memory pool; the least recently used is dropped past `max_graphs`. Steps of
 more than `max_tokens` run eagerly. With `capture=False` the same buffers and padding run
 eagerly: the CPU tests' way to check them against the plain forward.

@@ -4,8 +4,9 @@ and ranks its own (usually pruned) vocabulary.
 
 Words, beside tandem.models.eagle's:
 - aux layers: the target layers whose inputs (the residual stream entering each, before its
-  norm) the head reads; config `eagle_aux_hidden_state_layer_ids`, by default 2, L/2 and L-3
-  of the target's L layers, as EAGLE-3 and vLLM take them.
+  norm) the head reads, in ascending order (EAGLE-3 and vLLM gather them as the forward pass
+  reaches them, whatever order a config lists); config `eagle_aux_hidden_state_layer_ids`
+  (also under `eagle_config`), by default 2, L/2 and L-3 of the target's L layers.
 - fused feature g_i = fc(cat(a_i^1, ..., a_i^n)): the aux layers' inputs at position i, side by
   side, projected to D (no bias). Draft steps feed back the head's own output h^ as g.
 
@@ -35,9 +36,9 @@ from tandem.attention.base import AttentionBackend
 from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
-from tandem.models.eagle import EagleConfig, choose_draft_kernels, head_rope, target_embeddings
-from tandem.models.eagle_io import (WEIGHT_FILES, head_config_for_target, read_eagle_checkpoint, save_eagle_checkpoint,
-                                    vocab_ids_from_d2t, widen_vocab)
+from tandem.models.eagle import EagleConfig, choose_draft_kernels, head_rope
+from tandem.models.eagle_io import (WEIGHT_FILES, head_config_for_target, read_eagle_checkpoint, read_tensors,
+                                    save_eagle_checkpoint, vocab_ids_from_d2t, widen_vocab)
 from tandem.models.linear import Int8Linear, Linear, make_head_projection
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
 from tandem.models.rope import rope_tables, signed_sin
@@ -68,8 +69,20 @@ def is_eagle3_folder(head_dir: Path) -> bool:
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's 2, L/2 and L-3, clamped into the layers of a target of under 5 (tiny test models)."""
-    return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
+    """EAGLE-3's 2, L/2 and L-3; fewer for a target of under 6 layers (tiny test models), whose
+    clamped picks coincide."""
+    return tuple(sorted({min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3)}))
+
+
+def aux_layers_of(raw: dict, num_layers: int) -> tuple[int, ...]:
+    """The aux layers of an EAGLE-3 config for a target of `num_layers` layers; InvalidArgument
+    unless they are distinct layers of the target in ascending order (the order the head reads)."""
+    aux = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids") or default_aux_layers(num_layers)
+    if not all(isinstance(i, int) and 0 <= i < num_layers for i in aux) or list(aux) != sorted(set(aux)):
+        raise InvalidArgument(f"EAGLE-3 head aux layers {list(aux)} are not distinct layers of the target "
+                              f"(0..{num_layers - 1}) in ascending order")
+    return tuple(aux)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,16 +97,12 @@ class Eagle3Config:
         layer = EagleConfig.from_dict(raw)
         if layer.num_layers != 1:
             raise InvalidArgument(f"EAGLE-3 head config num_hidden_layers is {layer.num_layers}; only 1 is supported")
-        if raw.get("target_hidden_size", target.hidden_size) != target.hidden_size or layer.hidden_size != target.hidden_size:
+        if target.hidden_size != layer.hidden_size or raw.get("target_hidden_size", layer.hidden_size) != layer.hidden_size:
             raise InvalidArgument(f"EAGLE-3 head hidden_size {layer.hidden_size} (target_hidden_size "
                                   f"{raw.get('target_hidden_size')}) does not match the target's {target.hidden_size}")
-        aux = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
-            "eagle_aux_hidden_state_layer_ids") or default_aux_layers(target.num_layers)
-        if not all(isinstance(i, int) and 0 <= i < target.num_layers for i in aux):
-            raise InvalidArgument(f"EAGLE-3 head aux layers {list(aux)} are not all layers of the target "
-                                  f"(0..{target.num_layers - 1})")
         return Eagle3Config(layer=layer, draft_vocab_size=int(raw.get("draft_vocab_size") or layer.vocab_size),
-                            aux_layers=tuple(aux), norm_before_residual=bool(raw.get("norm_before_residual", False)))
+                            aux_layers=aux_layers_of(raw, target.num_layers),
+                            norm_before_residual=bool(raw.get("norm_before_residual", False)))
 
     @property
     def hidden_size(self) -> int:
@@ -207,7 +216,7 @@ def build_eagle3_weights(c: Eagle3Config, state: dict[str, torch.Tensor], dtype:
         qkv=make_head_projection(qkv, int8),
         o=project(attn + "o_proj.weight"),
         post_norm=take(LAYER + "post_attention_layernorm.weight"),
-        gate_up=make_head_projection(torch.cat([take(LAYER + "mlp.gate_proj.weight"), take(LAYER + "mlp.up_proj.weight")]), int8),
+        gate_up=make_head_projection(torch.cat([take(LAYER + f"mlp.{n}_proj.weight") for n in ("gate", "up")]), int8),
         down=project(LAYER + "mlp.down_proj.weight"),
     )
     return Eagle3Weights(fc=project("fc.weight"), layer=layer, hidden_norm=take(LAYER + "hidden_norm.weight"),
@@ -234,9 +243,10 @@ def load_eagle3_head(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, ba
     target = ModelConfig.from_folder(target_dir)
     config = Eagle3Config.from_dict(raw, target)
     if config.vocab_size != target.vocab_size:
-        raise InvalidArgument(f"EAGLE-3 head vocab_size {config.vocab_size} does not match the target's {target.vocab_size}")
+        raise InvalidArgument(f"EAGLE-3 head vocab_size {config.vocab_size} does not match the target's "
+                              f"{target.vocab_size}")
     weights = build_eagle3_weights(config, state, dtype, device, head_int8)
-    embed, _ = target_embeddings(target, Path(target_dir), dtype, device)
+    embed = target_embed(Path(target_dir), dtype, device)
     inv_freq, scaling = head_rope(Path(head_dir), raw)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.layer.max_position_embeddings)
     head = Eagle3Head(config, weights, embed, cos.to(device), sin.to(device), backend,
@@ -245,6 +255,15 @@ def load_eagle3_head(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, ba
         layer = weights.layer
         choose_draft_kernels([weights.fc, layer.qkv, layer.o, layer.gate_up, layer.down], head.lm_head)
     return head
+
+
+def target_embed(target_dir: Path, dtype, device) -> torch.Tensor:
+    """The target's embedding alone: an EAGLE-3 head has its own lm_head."""
+    key = "model.embed_tokens.weight"
+    found = read_tensors(target_dir, {key})
+    if key not in found:
+        raise InvalidArgument(f"target checkpoint {target_dir} lacks weight {key}")
+    return found[key].to(device=device, dtype=dtype).contiguous()
 
 
 def random_eagle3_state_dict(raw: dict, target: ModelConfig, *, seed: int = 0,

@@ -147,17 +147,31 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
 def _aux_layers(args, target: Path) -> tuple[int, ...]:
     """The target layers an EAGLE-3 head reads: an --eval-head / --init-head EAGLE-3 folder's,
     else with --eagle3 EAGLE-3's default (2, L/2, L-3); () for other heads."""
+    from tandem.errors import InvalidArgument
     from tandem.models.config import ModelConfig
-    from tandem.models.eagle3 import default_aux_layers, is_eagle3_folder
+    from tandem.models.eagle3 import aux_layers_of
+
+    if not _eagle3(args):
+        return ()
+    folder = args.eval_head or args.init_head
+    raw = json.loads((Path(folder) / "config.json").read_text()) if folder else {}
+    try:
+        return aux_layers_of(raw, ModelConfig.from_folder(target).num_layers)
+    except InvalidArgument as e:
+        raise SystemExit(f"tandem train-draft: {folder}: {e}") from None
+
+
+def _eagle3(args) -> bool:
+    """Whether the run trains or evaluates an EAGLE-3 head: --eagle3, or an EAGLE-3 --eval-head /
+    --init-head folder (an EAGLE-1/2 one with --eagle3 is refused)."""
+    from tandem.models.eagle3 import is_eagle3_folder
 
     folder = args.eval_head or args.init_head
-    default = default_aux_layers(ModelConfig.from_folder(target).num_layers) if args.method == "eagle" else ()
-    if default and folder and is_eagle3_folder(folder):
-        return tuple(json.loads((Path(folder) / "config.json").read_text()).get("eagle_aux_hidden_state_layer_ids")
-                     or default)
-    if args.eagle3 and folder:
+    if folder is None or not (Path(folder) / "config.json").is_file():
+        return args.eagle3
+    if args.eagle3 and not is_eagle3_folder(folder):
         raise SystemExit(f"tandem train-draft: --eagle3 with {folder}, an EAGLE-1/2 head")
-    return default if args.eagle3 else ()
+    return args.method == "eagle" and is_eagle3_folder(folder)
 
 
 def _check_flags(args) -> None:
@@ -175,9 +189,9 @@ def _check_flags(args) -> None:
     clash = [flag for flag, given in (("--method medusa", args.method != "eagle"), ("--draft-layers", args.draft_layers),
                                       ("--init-from-target", args.init_from_target),
                                       ("--soft-labels", args.soft_labels)) if given]
-    if args.eagle3 and clash:
-        raise SystemExit(f"tandem train-draft: --eagle3 trains one EAGLE-3 layer on the token loss; it cannot go with "
-                         f"{', '.join(clash)}")
+    if clash and (args.eagle3 or _eagle3(args)):
+        raise SystemExit(f"tandem train-draft: an EAGLE-3 head (--eagle3, or an EAGLE-3 --init-head / --eval-head) "
+                         f"has one layer and trains on the token loss; it cannot go with {', '.join(clash)}")
     if not args.init_head:
         return
     clash = [flag for flag, given in (("--method medusa", args.method != "eagle"),

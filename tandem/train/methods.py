@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from tandem.errors import InvalidArgument
+from tandem.models.config import ModelConfig
 from tandem.models.eagle import EagleConfig
+from tandem.models.eagle3 import aux_layers_of, eagle3_config_for_target
 from tandem.models.eagle_io import (head_config_for_target, read_draft_vocab, read_eagle_checkpoint, read_tensors,
                                     save_eagle_checkpoint, write_draft_vocab)
 from tandem.models.medusa import PREFIX, read_medusa_checkpoint, save_medusa_checkpoint
@@ -24,7 +26,6 @@ from tandem.train.acceptance import (STATIC_TREE_WIDTH, TREE_WIDTHS, anchor_rows
                                      sampled_sums, static_tree_metrics)
 from tandem.train.config import TrainConfig
 from tandem.train.dataset import Batch, ShardedData
-from tandem.models.eagle3 import eagle3_config_for_target
 from tandem.train.eagle3_head import Eagle3TrainHead, read_eagle3_head, save_eagle3
 from tandem.train.eagle_head import EagleTrainHead, init_from_target_layer
 from tandem.train.losses import (IGNORE, chunked_topk, linear_cross_entropy, linear_soft_cross_entropy,
@@ -104,9 +105,13 @@ class EagleMethod:
 
     def _load_eagle3(self, head_dir: Path) -> Eagle3TrainHead:
         raw, state, d2t = read_eagle3_head(head_dir)
-        if tuple(raw.get("eagle_aux_hidden_state_layer_ids") or ()) != self.cfg.aux_layers:
-            raise InvalidArgument(f"the EAGLE-3 head in {head_dir} reads target layers "
-                                  f"{raw.get('eagle_aux_hidden_state_layer_ids')}, the run {list(self.cfg.aux_layers)}")
+        layers = aux_layers_of(raw, ModelConfig.from_folder(self.cfg.head_target_dir).num_layers)
+        if layers != self.cfg.aux_layers:
+            raise InvalidArgument(f"the EAGLE-3 head in {head_dir} reads target layers {list(layers)}, "
+                                  f"the run {list(self.cfg.aux_layers)}")
+        if raw.get("norm_before_residual"):
+            raise InvalidArgument(f"the EAGLE-3 head in {head_dir} adds its normed feature (norm_before_residual), "
+                                  "which the trainer does not")
         embed, lm_head = target_embeddings(self.cfg.head_target_dir, self.dtype)
         head = self._head(embed, lm_head, d2t, 1, init_from_target=False)
         head.load_public_state(state)

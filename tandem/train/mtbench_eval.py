@@ -24,16 +24,21 @@ from tandem.train.selfdistill import answers_path, features_path, make_answers, 
 
 
 def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) -> Path:
-    """The one-shard data folder of the target's answers to the first `questions` questions."""
-    from tandem.bench.data import mtbench_first_turns
-
+    """The one-shard data folder of the target's answers to the first `questions` questions (and
+    the inputs of an EAGLE-3 run's aux layers)."""
     spec = replace(cfg.data, target_dtype=dtype, num_prompts=0, shard_prompts=questions,
                    target_dir=_target_dir(cfg, dtype))
     out = Path(cfg.run_dir) / f"mtbench-{dtype}-q{questions}-a{spec.max_new_tokens}"
-    if shards_done(out, spec) == [0]:
-        if cfg.aux_layers:
-            prepare_aux(spec, [(out, 0)], cfg.aux_layers, log=log)
-        return out
+    if shards_done(out, spec) != [0]:
+        _make_answers_and_features(spec, home, out, questions, dtype, log)
+    if cfg.aux_layers:
+        prepare_aux(spec, [(out, 0)], cfg.aux_layers, log=log)
+    return out
+
+
+def _make_answers_and_features(spec, home: Path, out: Path, questions: int, dtype: str, log) -> None:
+    from tandem.bench.data import mtbench_first_turns
+
     prompts = mtbench_first_turns(home)[:questions]
     tokenizer = AutoTokenizer.from_pretrained(spec.target_dir)
     model = AutoModelForCausalLM.from_pretrained(spec.target_dir, dtype=getattr(torch, dtype)).eval()
@@ -42,9 +47,6 @@ def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) 
         make_answers(model, tokenizer, spec, prompts, 0, out)
     if not features_path(out, 0).is_file():
         make_features(model, spec, 0, out)
-    if cfg.aux_layers:
-        make_features(model, spec, 0, out, cfg.aux_layers)
-    return out
 
 
 def evaluate_with_loops(method, module, data: ShardedData, batch_size: int) -> dict:

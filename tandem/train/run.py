@@ -144,6 +144,9 @@ def _saved_state(cfg: TrainConfig, run_dir: Path) -> dict | None:
     if previous.get("cut_loops", False) != cfg.cut_loops:  # the data a run trains on stays what it was
         raise InvalidArgument(f"{run_dir} trained {'with' if previous.get('cut_loops') else 'without'} "
                               "--cut-loops; resume it the same way")
+    if tuple(previous.get("aux_layers", ())) != cfg.aux_layers:
+        raise InvalidArgument(f"{run_dir} trains {'an EAGLE-3' if previous.get('aux_layers') else 'an EAGLE-1/2'} "
+                              f"head; resume it {'with' if previous.get('aux_layers') else 'without'} --eagle3")
     return saved
 
 

@@ -2,6 +2,7 @@
 names the target layers it reads in its peer hello, the target streams their inputs side by
 side, and speculation stays lossless, chains and trees."""
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -23,7 +24,7 @@ from target_service.engine import TargetEngine
 from tests.services.harness import generate, peer_stream, start_services
 from tests.services.test_generate import greedy, transformers_greedy
 
-AUX = (1, 0, 1)  # any target layers, in any order, repeats allowed
+AUX = (0, 1)  # both layers of the tiny target: EAGLE-3 reads distinct layers in ascending order
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def test_the_target_streams_the_inputs_of_the_heads_layers(tiny_model, head):
         ids = generate(s.stub, token_ids=prompt, params=pb.SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
     finally:
         s.stop()
-    tokens, features = next((t, f) for t, f in seen if f.shape[-1] == 3 * 64)
+    tokens, features = next((t, f) for t, f in seen if f.shape[-1] == len(AUX) * 64)
     assert tokens.tolist() == (prompt + ids)[1 : len(tokens) + 1]
     hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -86,6 +87,24 @@ def test_a_hello_naming_layers_the_target_lacks_is_refused(tiny_model, reference
         prompt = TINY_PROMPTS[0]
         assert generate(s.stub, prompt=prompt, params=greedy())[0] == reference[prompt]
     finally:
+        s.stop()
+
+
+def test_a_draft_refused_by_the_target_knows_why(tiny_model):
+    """A draft whose hello names layers the target lacks (a head for another model) is refused;
+    the draft keeps the reason, which start_draft's error carries."""
+    s = start_services(tiny_model)
+    peer = DraftPeer(f"127.0.0.1:{s.target_port}")
+    peer.use_features((0, 7), 128)
+    try:
+        peer.start()
+        deadline = time.monotonic() + 20
+        while peer.refusal is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "draft feature layers [7] are outside the target's 2 layers" in peer.refusal
+        assert not peer.connected and not s.target_engine.peer.connected
+    finally:
+        peer.stop()
         s.stop()
 
 

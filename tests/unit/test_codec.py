@@ -103,6 +103,8 @@ def test_the_peer_hello_carries_feature_layers_and_columns():
     assert plain.HasField("hello") and not plain.HasField("columns") and codec.feature_layers_from_pb(plain.hello, 30) == ()
     with pytest.raises(InvalidArgument, match=r"feature layers \[30\] are outside the target's 30 layers"):
         codec.feature_layers_from_pb(codec.peer_hello_to_pb((2, 30)).hello, 30)
+    with pytest.raises(InvalidArgument, match="31 of them, the target has 30 layers"):  # each costs a copy a step
+        codec.feature_layers_from_pb(codec.peer_hello_to_pb((0,) * 31).hello, 30)
 
 
 def test_proposals_are_checked_before_their_rows_are_allocated():

@@ -156,13 +156,14 @@ def test_the_eagle_method_loads_either_generation(target, tmp_path):
     head = load_eagle(write_head(tmp_path / "e3", target, fmt="bin"), target, "float32", "cpu")
     assert isinstance(head, Eagle3Head) and head.feature_layers == AUX and head.feature_width == 3 * 64
     default = random_eagle3_checkpoint(tmp_path / "default", target)
-    assert load(default, target).feature_layers == (2, 2, 1)  # EAGLE-3's 2, L/2, L-3 of the 4 layers
+    assert load(default, target).feature_layers == (1, 2)  # EAGLE-3's 2, L/2, L-3 of 4 layers: 2, 2, 1
 
 
 @pytest.mark.parametrize("edit, config_edit, message", [
     (lambda s: s.pop("midlayer.hidden_norm.weight"), None, "lacks weight midlayer.hidden_norm.weight"),
     (lambda s: s.update({"fc.weight": torch.zeros(64, 128)}), None, r"fc.weight has shape \[64, 128\], config wants \[64, 192\]"),
-    (None, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 2, 4]), r"aux layers \[0, 2, 4\] are not all layers"),
+    (None, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 2, 4]), r"aux layers \[0, 2, 4\] are not distinct"),
+    (None, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 0, 3]), r"\[2, 0, 3\] .* in ascending order"),
     (None, lambda c: c.update(num_hidden_layers=2), "num_hidden_layers is 2; only 1"),
     (None, lambda c: c.update(hidden_size=32, num_attention_heads=2), "hidden_size 32"),
     (lambda s: s.pop("d2t"), None, "lacks d2t"),

@@ -47,7 +47,7 @@ def head_dir(model_dir, tmp_path_factory, request):
     and an EAGLE-3 head (it reads three target layers, and its own outputs on draft steps)."""
     out = tmp_path_factory.mktemp("heads") / "random"
     if request.param == "eagle3":
-        return random_eagle3_checkpoint(out, model_dir, seed=3, aux_layers=(0, 1, 1))
+        return random_eagle3_checkpoint(out, model_dir, seed=3, aux_layers=(0, 1))
     return random_eagle_checkpoint(out, model_dir, seed=3, num_layers=request.param)
 
 

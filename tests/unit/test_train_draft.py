@@ -26,7 +26,6 @@ from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.loops import LOOP_SHARE, loop_start, loops, repeated_ngram_share
 from tandem.models.eagle import load_eagle_head
-from tandem.models.eagle3 import load_eagle3_head
 from tandem.models.eagle_io import D2T_FILE
 from tandem.models.llama import ForwardBatch
 from tandem.models.medusa import CHOICES_FILE, load_medusa_heads
@@ -394,37 +393,6 @@ def test_trained_eagle_head_computes_what_the_serving_head_computes(tiny, data_d
     assert_the_head_folder_evaluates_as_its_run(cfg)
 
 
-def test_trained_eagle3_head_computes_what_the_serving_head_computes(tiny, data_dir, tmp_path):
-    """--eagle3 with a pruned vocabulary and 2 unrolled steps lowers the loss and writes the public
-    EAGLE-3 format: the served head's prefill on the run's aux inputs equals step 0 of the unroll,
-    a decode of its own output equals step 1, its scores are the trainer's, and --eval-head on the
-    folder (no --eagle3: the folder says it) gives the run's figures."""
-    cfg = quick_config(tiny, tmp_path / "run", data_dir, "--eagle3", "--ttt-steps", "2", "--draft-vocab", "100")
-    assert cfg.aux_layers == (1, 1, 0)  # 2, L/2, L-3 clamped into the tiny target's 2 layers
-    train_quick(cfg)
-    saved = load_checkpoint(cfg.run_dir)["model"]
-    assert full_data_loss(cfg, saved) < 0.9 * full_data_loss(cfg, None)
-    config = json.loads((cfg.run_dir / "head" / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 100
-    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 1, 0] and not (cfg.run_dir / "head" / D2T_FILE).exists()
-    data = ShardedData(cfg.data_dir, [1], aux_layers=cfg.aux_layers)
-    module = DRAFT_METHODS["eagle"](cfg).build(data, saved)
-    module.load_state_dict(saved)
-    batch, anchor = data.batch([0]), 6
-    with torch.no_grad():
-        step0, step1 = module.unroll(batch.tokens, batch.aux, 2)
-        trained_scores = module.readout(step0[0, : anchor + 1]) @ module.lm_head.T
-    head = load_eagle3_head(cfg.run_dir / "head", tiny, dtype=torch.float32, backend=TorchAttention())
-    assert torch.equal(head.vocab_ids, module.d2t)
-    tokens, aux = batch.tokens[0], batch.aux[0]
-    prefill, decode = run_loaded_head(head, tokens[1 : anchor + 2], aux[: anchor + 1])
-    assert torch.allclose(prefill, step0[0, : anchor + 1], atol=1e-4)
-    assert torch.allclose(head.scores(prefill), trained_scores, atol=1e-3)
-    chained = decode(tokens[anchor + 2 : anchor + 3], prefill[-1:])
-    assert torch.allclose(chained[0], step1[0, anchor], atol=1e-4)
-    assert_the_head_folder_evaluates_as_its_run(cfg)
-
-
 def assert_the_head_folder_evaluates_as_its_run(cfg):
     """--eval-head on a run's head folder (public format, pruned vocabulary) gives the held-out
     figures the run itself measured: the folder loads back into the trainer's module unchanged."""
@@ -645,18 +613,3 @@ def test_soft_labels_and_draft_layers_are_refused_for_medusa(tiny, tmp_path):
         quick_config(tiny, tmp_path / "run", tmp_path / "data", "--method", "medusa", "--soft-labels")
     with pytest.raises(SystemExit, match="--draft-layers is for EAGLE"):
         quick_config(tiny, tmp_path / "run", tmp_path / "data", "--method", "medusa", "--draft-layers", "2")
-
-
-@pytest.mark.parametrize("flags", [["--draft-layers", "2"], ["--init-from-target"], ["--soft-labels"],
-                                   ["--method", "medusa"]])
-def test_eagle3_refuses_flags_of_other_heads(tiny, tmp_path, flags):
-    with pytest.raises(SystemExit, match="--eagle3 trains one EAGLE-3 layer on the token loss"):
-        quick_config(tiny, tmp_path / "run", tmp_path / "data", "--eagle3", *flags)
-
-
-def test_eagle3_refuses_an_eagle1_init_head(tiny, tmp_path):
-    from tandem.models.eagle_io import random_eagle_checkpoint
-
-    head = random_eagle_checkpoint(tmp_path / "head", tiny)
-    with pytest.raises(SystemExit, match="an EAGLE-1/2 head"):
-        quick_config(tiny, tmp_path / "run", tmp_path / "data", "--eagle3", "--init-head", str(head))
