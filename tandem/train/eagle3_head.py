@@ -15,11 +15,11 @@ from torch import nn
 from tandem.errors import InvalidArgument
 from tandem.models.eagle3 import LAYER, eagle3_config_for_target
 from tandem.models.eagle_io import read_eagle_checkpoint, save_eagle_checkpoint, vocab_ids_from_d2t
-from tandem.train.eagle_head import DraftLayer
+from tandem.train.eagle_head import DraftLayer, DraftVocabulary
 from tandem.train.losses import shifted
 
 
-class Eagle3TrainHead(nn.Module):
+class Eagle3TrainHead(nn.Module, DraftVocabulary):
     def __init__(self, config: dict, embed: torch.Tensor, lm_head: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  d2t: torch.Tensor | None):
         """config: the public EAGLE-3 config (its aux layers); embed [V, D] (the target's, frozen);
@@ -34,11 +34,7 @@ class Eagle3TrainHead(nn.Module):
         self.register_buffer("embed", embed, persistent=False)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        self.register_buffer("d2t", None if d2t is None else d2t.clone())
-        t2d = torch.arange(vocab) if d2t is None else torch.full((vocab,), -100, dtype=torch.long)
-        if d2t is not None:
-            t2d[d2t] = torch.arange(len(d2t))
-        self.register_buffer("t2d", t2d, persistent=False)
+        self.register_vocabulary(d2t, vocab)
 
     def _norm(self, x: torch.Tensor, weight: nn.Parameter) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), self.eps)
@@ -63,12 +59,6 @@ class Eagle3TrainHead(nn.Module):
     def inputs(batch) -> torch.Tensor:
         """What step 0 reads of a batch: the aux layers' inputs."""
         return batch.aux
-
-    def draft_labels(self, target_ids: torch.Tensor) -> torch.Tensor:
-        return self.t2d[target_ids]
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.d2t is None else self.d2t[draft_ids]
 
     def _public_params(self) -> dict[str, nn.Parameter]:
         state = {"fc.weight": self.fc.weight, "norm.weight": self.norm, "lm_head.weight": self.lm_head,

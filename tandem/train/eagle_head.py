@@ -88,7 +88,27 @@ def _attend(q, keys: list, values: list) -> torch.Tensor:
                                           attn_mask=mask, enable_gqa=True)
 
 
-class EagleTrainHead(nn.Module):
+class DraftVocabulary:
+    """The d2t / t2d maps of a trainable head's draft vocabulary (a pruned one, or the target's)."""
+
+    def register_vocabulary(self, d2t: torch.Tensor | None, vocab: int) -> None:
+        """d2t [Vd] int64: the target ids of a pruned vocabulary (persistent: a resumed run keeps
+        it), or None; t2d maps target ids back (-100: not in it)."""
+        self.register_buffer("d2t", None if d2t is None else d2t.clone())
+        t2d = torch.arange(vocab) if d2t is None else torch.full((vocab,), -100, dtype=torch.long)
+        if d2t is not None:
+            t2d[d2t] = torch.arange(len(d2t))
+        self.register_buffer("t2d", t2d, persistent=False)
+
+    def draft_labels(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids -> draft vocabulary ids (-100 for tokens outside a pruned vocabulary)."""
+        return self.t2d[target_ids]
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.d2t is None else self.d2t[draft_ids]
+
+
+class EagleTrainHead(nn.Module, DraftVocabulary):
     def __init__(self, config: dict, embed: torch.Tensor, lm_head: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, d2t: torch.Tensor | None):
         """embed [V, D] and lm_head [V, D] (the target's, frozen; compute dtype); cos/sin
@@ -100,17 +120,8 @@ class EagleTrainHead(nn.Module):
         self.register_buffer("embed", embed, persistent=False)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        vocab = embed.shape[0]
-        if d2t is None:
-            self.register_buffer("d2t", None)
-            self.register_buffer("lm_head", lm_head, persistent=False)
-            t2d = torch.arange(vocab)
-        else:
-            self.register_buffer("d2t", d2t.clone())  # persistent: a resumed run keeps its vocabulary
-            self.register_buffer("lm_head", lm_head[d2t].contiguous(), persistent=False)
-            t2d = torch.full((vocab,), -100, dtype=torch.long)
-            t2d[d2t] = torch.arange(len(d2t))
-        self.register_buffer("t2d", t2d, persistent=False)  # target id -> draft id (-100: not in it)
+        self.register_vocabulary(d2t, embed.shape[0])
+        self.register_buffer("lm_head", lm_head if d2t is None else lm_head[d2t].contiguous(), persistent=False)
 
     def unroll(self, tokens: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """tokens [N, L] int64, features [N, L, D] -> per step s, predicted features [N, L, D]:
@@ -136,13 +147,6 @@ class EagleTrainHead(nn.Module):
     def inputs(batch) -> torch.Tensor:
         """What step 0 reads of a batch: the target's final-norm features."""
         return batch.features
-
-    def draft_labels(self, target_ids: torch.Tensor) -> torch.Tensor:
-        """Target token ids -> draft vocabulary ids (-100 for tokens outside a pruned vocabulary)."""
-        return self.t2d[target_ids]
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.d2t is None else self.d2t[draft_ids]
 
     def _public_params(self) -> dict[str, nn.Parameter]:
         """The trained parameters by their names in the public EAGLE checkpoint."""
