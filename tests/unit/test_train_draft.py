@@ -491,6 +491,7 @@ def test_skip_prompts_moves_the_training_shards_and_keeps_the_held_out_one(tiny,
     too_far = quick_config(tiny, tmp_path / "far", tmp_path / "far-data", "--num-prompts", "8", "--skip-prompts", "24")
     with pytest.raises(InvalidArgument, match="--skip-prompts 24"):
         train_quick(too_far)
+    assert not (tmp_path / "far-data").exists()  # a refused run leaves no empty data folder behind
 
 
 def test_init_head_trains_on_from_a_heads_weights_and_vocabulary(tiny, data_dir, tmp_path):
