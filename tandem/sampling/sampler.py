@@ -37,6 +37,9 @@ class SampleResult:
     top_logprobs: list[list[tuple[int, float]]]
 
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
 def process_logits(logits: Tensor, states: Sequence[SamplingState]) -> Tensor:
     """Apply penalties, then logit bias; returns a new float32 tensor [B, V].
 
@@ -57,7 +60,9 @@ def process_logits(logits: Tensor, states: Sequence[SamplingState]) -> Tensor:
         index = (_long(bias_rows, out.device), _long(bias_ids, out.device))
         values = torch.tensor(bias_values, dtype=torch.float32, device=out.device)
         out.index_put_(index, values, accumulate=True)
-    return out
+    # A valid extreme (repetition_penalty 1e-40, a bias of 1e39) overflows to +inf, and the max
+    # shift of the softmax would make inf - inf = NaN of the row and fail the whole batch's step.
+    return out.clamp_(max=_FLOAT32_MAX)
 
 
 def _apply_penalties(logits: Tensor, states: Sequence[SamplingState]) -> Tensor:

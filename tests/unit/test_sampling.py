@@ -107,6 +107,18 @@ def test_repetition_penalty_lowers_seen_token():
     assert sample(logits, [s]).token_ids == [1]
 
 
+@pytest.mark.parametrize("kw", [dict(repetition_penalty=1e-40), dict(logit_bias=((1, 1e39),))])
+def test_valid_extremes_that_overflow_still_draw(kw):
+    """A seen positive logit divided by a tiny repetition penalty, or a huge bias, overflows
+    float32 to +inf; the row still draws (that token), and a neighbour row is untouched."""
+    logits = torch.tensor([[2.0, 1.5, -1.0, -1.25], [0.0, 0.0, 5.0, 0.0]])
+    extreme, plain = state(4, seed=3, **kw), state(4, temperature=0.0)
+    extreme.observe_prompt([1])
+    probs = probabilities(process_logits(logits, [extreme, plain]), [extreme, plain])
+    assert torch.isfinite(probs).all() and probs[0].tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert sample(logits, [extreme, plain]).token_ids == [1, 2]
+
+
 def test_frequency_and_presence_arithmetic():
     logits = torch.zeros(1, 4)
     s = state(4, frequency_penalty=0.5, presence_penalty=0.25)
