@@ -25,6 +25,11 @@ def _env(name: str, default):
     return type(default)(raw) if default is not None else raw
 
 
+def _env_flag(name: str) -> bool:
+    """A store_true flag's TANDEM_<NAME> fallback: 1, true or yes sets it."""
+    return os.environ.get(f"TANDEM_{name.upper()}", "").strip().lower() in ("1", "true", "yes")
+
+
 def default_model(dtype: str) -> Path:
     from tandem.models.fetch import model_dir, tandem_home
 
@@ -52,7 +57,7 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-sequence", type=int, default=_env("max_num_sequence", 64))
     p.add_argument("--max-context-length", type=int, default=_env("max_context_length", 0))
     p.add_argument("--threads", type=int, default=_env("threads", 0), help="torch threads (0: default)")
-    p.add_argument("--enforce-eager", action="store_true",
+    p.add_argument("--enforce-eager", action="store_true", default=_env_flag("enforce_eager"),
                    help="no CUDA graphs: every step runs eagerly (graphs are captured on CUDA devices only)")
 
 

@@ -79,6 +79,8 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
             "draft", *common, "--method", args.draft, "--draft-model", str(args.draft_model),
             "--host", args.host, "--port", str(args.draft_port), "--device", args.device,
             "--target", f"{args.host}:{args.target_port}", "--threads", str(args.threads),
+            "--kv-page-size", str(args.kv_page_size), "--kv-cache-tokens", str(args.kv_cache_tokens),
+            "--max-num-sequence", str(args.max_num_sequence),
             "--tree-top-k", str(args.tree_top_k), "--tree-node-budget", str(args.tree_node_budget),
             "--proposal-top-k", str(args.proposal_top_k), "--medusa-choices", args.medusa_choices,
             "--draft-lm-head-quant", args.draft_lm_head_quant, "--draft-head-quant", args.draft_head_quant,

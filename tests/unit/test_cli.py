@@ -97,6 +97,29 @@ def test_up_service_args_carry_the_chosen_draft(monkeypatch):
     assert config.proposal_top_k == 64
 
 
+def test_up_gives_the_draft_the_targets_cache_and_sequence_limits(monkeypatch):
+    """The draft holds a KV cache and a slot per sequence too: `tandem up`'s limits reach it, or
+    the smaller default would cap sequences (64) and silently stop speculating on a full cache."""
+    from tandem.launcher import service_args
+
+    flags = ("--kv-cache-tokens", "131072", "--max-num-sequence", "256", "--kv-page-size", "32")
+    target, _, draft = service_args(_up("--draft", "eagle", *flags, monkeypatch=monkeypatch), Path("/m"))
+    config = draft_config(build_parser().parse_args(["draft", *draft[1:]]), Path("/m"))
+    assert (config.kv_cache_tokens, config.max_num_sequence, config.kv_page_size) == (131072, 256, 32)
+    for flag in ("--kv-cache-tokens", "--max-num-sequence", "--kv-page-size"):
+        assert target[target.index(flag) + 1] == draft[draft.index(flag) + 1]
+
+
+def test_enforce_eager_has_its_environment_fallback(monkeypatch):
+    """compose sets every flag through TANDEM_*; CUDA graphs must be switchable off there too."""
+    for service in ("target", "draft"):
+        argv = [service, "--draft-model", "/h"] if service == "draft" else [service]
+        assert not build_parser().parse_args(argv).enforce_eager
+    monkeypatch.setenv("TANDEM_ENFORCE_EAGER", "1")
+    assert build_parser().parse_args(["target"]).enforce_eager
+    assert build_parser().parse_args(["draft", "--draft-model", "/h"]).enforce_eager
+
+
 def test_the_drafts_lm_head_is_int8_on_cpu_unless_told(monkeypatch):
     from tandem.launcher import service_args
 
