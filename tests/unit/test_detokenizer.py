@@ -135,6 +135,30 @@ def test_random_text_streams_exactly(text, prompt_text, data):
         assert not any("\ufffd" in d for d in deltas)
 
 
+class CountingTokenizer:
+    """The tiny tokenizer, counting the ids it is asked to decode."""
+
+    def __init__(self):
+        self.decoded = 0
+        self.all_special_ids = TOKENIZER.all_special_ids
+
+    def decode(self, ids, skip_special_tokens):
+        self.decoded += len(ids)
+        return TOKENIZER.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+@pytest.mark.parametrize("held", [PARTIAL_BYTE_IDS[0], SPECIAL_IDS[0]])
+def test_a_long_run_of_held_tokens_costs_linear_time(held):
+    """A client can bias the model onto a lone byte or a skipped special token for thousands
+    of tokens: each push must decode a bounded window, not everything held so far."""
+    tokenizer = CountingTokenizer()
+    detok = IncrementalDetokenizer(tokenizer, encode("Hi"))
+    n = 2000
+    deltas = [detok.push([held]) for _ in range(n)] + [detok.flush()]
+    assert "".join(deltas) == TOKENIZER.decode([held] * n, skip_special_tokens=True)
+    assert tokenizer.decoded < 20 * n
+
+
 @pytest.mark.parametrize("n_prompt", [0, 1, 5, 20])
 def test_prompt_length_does_not_change_output(n_prompt):
     prompt = encode("In the beginning of the year the school starts again")[:n_prompt]
