@@ -12,6 +12,10 @@ from tandem.sampling.params import SamplingParams
 from tandem.v1 import generate_pb2 as pb
 
 MAX_N = 64  # choices per request
+# Each stop string is matched at every streamed character of every choice: bounded, so one
+# request cannot stall the router's event loop (OpenAI takes 4; TGI 4 by default).
+MAX_STOP_STRINGS = 32
+MAX_STOP_CHARS = 1024
 
 
 def prompt_ids(request, tokenizer: Tokenizer, vocab_size: int) -> list[int]:
@@ -77,9 +81,13 @@ def spec_from_pb(
             f"params.max_tokens = {max_tokens}: the prompt ({len(ids)} tokens) + max_tokens"
             f" exceeds the context of {max_context}"
         )
+    if len(p.stop) > MAX_STOP_STRINGS:
+        raise InvalidArgument(f"params.stop has {len(p.stop)} strings: at most {MAX_STOP_STRINGS}")
     for i, s in enumerate(p.stop):
         if not s:
             raise InvalidArgument(f"params.stop[{i}] is empty")
+        if len(s) > MAX_STOP_CHARS:
+            raise InvalidArgument(f"params.stop[{i}] has {len(s)} characters: at most {MAX_STOP_CHARS}")
     for i, t in enumerate(p.stop_token_ids):
         if not 0 <= t < vocab_size:
             raise InvalidArgument(f"params.stop_token_ids[{i}] = {t}: outside the vocabulary [0, {vocab_size})")

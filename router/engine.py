@@ -98,10 +98,10 @@ class RouterEngine:
         request reached the router (time.monotonic(), before tokenizing; default now), from
         which its time to first token and duration count."""
         request = new_request(spec, self.scheduler.new_seq_id)
+        for seq in request.choices:  # before enqueue: a sequence queued without one never streams
+            seq.output = OutputProcessor(seq, self.tokenizer.hf)
         self.scheduler.enqueue(request)  # raises ResourceExhausted before anything is kept
         self.tracing.added(request, span)
-        for seq in request.choices:
-            seq.output = OutputProcessor(seq, self.tokenizer.hf)
         self._requests.append(request)
         self.counters.requests_total += 1
         self.figures.on_submit(request, arrived)

@@ -8,6 +8,11 @@ the held text can never be part of a match and streams at once.
 The first occurrence is the one that is complete first, as text streams in; among stop
 strings that complete at the same character, the one that starts earliest. Generation stops
 there, so the output does not depend on how the text was split into deltas.
+
+Each stop string runs a Knuth-Morris-Pratt automaton over the characters as they stream: its
+state is the longest prefix of that stop string the text ends with, so the held text is as long
+as the largest state, and memory and time are linear in the stop strings' length (a set of every
+prefix would be quadratic: a client's 50k-character stop string, gigabytes).
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ class StopStringMatcher:
     def __init__(self, stop: Sequence[str]) -> None:
         # An empty stop string would match before any text: it means nothing, drop it.
         self._stops = tuple(s for s in dict.fromkeys(stop) if s)
-        self._prefixes = {s[:k] for s in self._stops for k in range(1, len(s))}
-        self._max_held = max((len(s) - 1 for s in self._stops), default=0)
+        self._failure = [failure_function(s) for s in self._stops]
+        self._states = [0] * len(self._stops)  # per stop: length of its prefix the text ends with
         self._pending = ""  # seen, not yet returned: the held text
         self._stopped = False
 
@@ -40,12 +45,12 @@ class StopStringMatcher:
         if not self._stops:
             return text, False
         pending = self._pending + text
-        cut = self._first_stop(pending)
-        if cut is not None:
-            self._pending = ""
-            self._stopped = True
-            return pending[:cut], True
-        held = self._held_length(pending)
+        for end, char in enumerate(text, start=len(self._pending) + 1):
+            longest = self._step(char)
+            if longest:  # stops that complete here; the longest starts earliest
+                self._pending, self._stopped = "", True
+                return pending[: end - longest], True
+        held = max(self._states)
         self._pending = pending[len(pending) - held :]
         return pending[: len(pending) - held], False
 
@@ -54,19 +59,29 @@ class StopStringMatcher:
         out, self._pending = self._pending, ""
         return "" if self._stopped else out
 
-    def _first_stop(self, pending: str) -> int | None:
-        """Start of the stop string that completes first in `pending`, or None."""
-        best: tuple[int, int] | None = None  # (end, start)
-        for s in self._stops:
-            start = pending.find(s)
-            if start >= 0:
-                candidate = (start + len(s), start)
-                best = candidate if best is None else min(best, candidate)
-        return None if best is None else best[1]
+    def _step(self, char: str) -> int:
+        """Advance every automaton by one character; the length of the longest stop string
+        that completes at it (0: none)."""
+        longest = 0
+        for k, (stop, failure) in enumerate(zip(self._stops, self._failure)):
+            state = self._states[k]
+            while state and stop[state] != char:
+                state = failure[state - 1]
+            if stop[state] == char:
+                state += 1
+            if state == len(stop):
+                longest = max(longest, state)
+            self._states[k] = state
+        return longest
 
-    def _held_length(self, pending: str) -> int:
-        """Length of the longest suffix of `pending` that is a proper prefix of a stop."""
-        for k in range(min(len(pending), self._max_held), 0, -1):
-            if pending[-k:] in self._prefixes:
-                return k
-        return 0
+
+def failure_function(s: str) -> list[int]:
+    """failure[i]: the length of the longest proper prefix of s[: i + 1] that is also its suffix."""
+    failure, k = [0] * len(s), 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = failure[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        failure[i] = k
+    return failure

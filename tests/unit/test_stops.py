@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -123,3 +125,40 @@ def test_random_chunks_equal_truncation_before_first_stop(text_and_deltas, stop)
     expected = reference(text, stop)
     assert "".join(pieces) == expected
     assert stopped == any(s in text for s in stop)
+
+
+def held_reference(text: str, stop: list[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of a stop string."""
+    return max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text_and_deltas=chunked_text(),
+    stop=st.lists(st.text(alphabet="abc\n", min_size=1, max_size=5), max_size=3),
+)
+def test_only_a_possible_start_of_a_stop_is_held(text_and_deltas, stop):
+    """After each delta that completes no stop string, everything streams but the longest tail
+    that could still begin one: nothing is held that cannot become a stop string."""
+    _, deltas = text_and_deltas
+    matcher, seen, streamed = StopStringMatcher(stop), "", ""
+    for delta in deltas:
+        out, stopped = matcher.push(delta)
+        if stopped:
+            return
+        seen, streamed = seen + delta, streamed + out
+        assert streamed == seen[: len(seen) - held_reference(seen, stop)]
+
+
+def test_a_long_stop_string_costs_linear_memory():
+    stop = "ab" * 25_000 + "c"  # a set of its prefixes would hold 50k strings, 1.25 GB
+    tracemalloc.start()
+    try:
+        matcher = StopStringMatcher([stop])
+        assert tracemalloc.get_traced_memory()[1] < 20 * 2**20
+    finally:
+        tracemalloc.stop()
+    assert matcher.push("ab" * 25_000) == ("", False)  # all of it may still begin the stop string
+    assert matcher.push("x") == ("ab" * 25_000 + "x", False)
+    assert matcher.push(stop[:-1]) == ("", False)
+    assert matcher.push("c and more") == ("", True)
