@@ -50,16 +50,12 @@ def process_logits(logits: Tensor, states: Sequence[SamplingState]) -> Tensor:
     rows = [i for i, s in enumerate(states) if s.needs_penalties]
     if rows:
         out[rows] = _apply_penalties(out[rows], [states[i] for i in rows])
-    bias_rows, bias_ids, bias_values = [], [], []
-    for i, s in enumerate(states):
-        for token_id, bias in s.params.logit_bias:
-            bias_rows.append(i)
-            bias_ids.append(token_id)
-            bias_values.append(bias)
-    if bias_rows:
-        index = (_long(bias_rows, out.device), _long(bias_ids, out.device))
-        values = torch.tensor(bias_values, dtype=torch.float32, device=out.device)
-        out.index_put_(index, values, accumulate=True)
+    biased = [(i, s) for i, s in enumerate(states) if len(s.bias_ids)]
+    if biased:
+        rows = torch.cat([torch.full_like(s.bias_ids, i) for i, s in biased]).to(out.device)
+        ids = torch.cat([s.bias_ids for _, s in biased]).to(out.device)
+        values = torch.cat([s.bias_values for _, s in biased]).to(out.device)
+        out.index_put_((rows, ids), values, accumulate=True)
     # A valid extreme (repetition_penalty 1e-40, a bias of 1e39) overflows to +inf, and the max
     # shift of the softmax would make inf - inf = NaN of the row and fail the whole batch's step.
     return out.clamp_(max=_FLOAT32_MAX)

@@ -32,6 +32,8 @@ CASES = [
     ("n = 65", dict(prompt="hi", params=P(n=65)), INVALID, "params.n"),
     ("empty stop string", dict(prompt="hi", params=P(stop=["x", ""])), INVALID, "params.stop[1]"),
     ("stop token id", dict(prompt="hi", params=P(stop_token_ids=[-3])), INVALID, "params.stop_token_ids[0]"),
+    ("33 stop strings", dict(prompt="hi", params=P(stop=[f"s{i}" for i in range(33)])), INVALID, "params.stop has 33"),
+    ("long stop string", dict(prompt="hi", params=P(stop=["x", "y" * 1025])), INVALID, "params.stop[1] has 1025"),
     ("token id outside vocab", dict(token_ids=[5, 448]), INVALID, "token_ids[1]"),
     ("negative token id", dict(token_ids=[-1]), INVALID, "token_ids[0]"),
     ("prompt beyond context", dict(token_ids=[5] * 600), INVALID, "context"),
@@ -45,6 +47,15 @@ def test_bad_request_gets_clear_status(services, name, fields, code, needle):
     assert info.value.code() == code, info.value.details()
     assert needle in info.value.details()
     # the service still answers
+    ok = generate(services.stub, prompt=TINY_PROMPTS[0], params=P(max_tokens=3, temperature=0, ignore_eos=True))
+    assert len(ok[0]) == 3
+
+
+def test_a_valid_extreme_is_served(services):
+    """A repetition penalty that overflows seen logits to +inf is served (a NaN row used to fail
+    the whole step, every request in it), and the next request is too."""
+    params = P(repetition_penalty=1e-45, max_tokens=6, temperature=1.0, seed=5, ignore_eos=True)
+    assert len(generate(services.stub, prompt=TINY_PROMPTS[1], params=params)[0]) == 6
     ok = generate(services.stub, prompt=TINY_PROMPTS[0], params=P(max_tokens=3, temperature=0, ignore_eos=True))
     assert len(ok[0]) == 3
 
