@@ -4,6 +4,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from jinja2 import TemplateError
+
 from tandem.errors import InvalidArgument
 
 CHAT_ROLES = ("system", "user", "assistant")
@@ -27,7 +29,10 @@ class Tokenizer:
             if role not in CHAT_ROLES:
                 raise InvalidArgument(f"messages[{i}].role = {role!r}: must be one of {CHAT_ROLES}")
         chat = [{"role": r, "content": c} for r, c in messages]
-        text = self.hf.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        try:
+            text = self.hf.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        except TemplateError as e:  # e.g. a template that wants user and assistant turns to alternate
+            raise InvalidArgument(f"messages: the model's chat template refused them: {e}") from e
         return list(self.hf(text, add_special_tokens=False)["input_ids"])
 
     def token_text(self, token_id: int) -> str:
