@@ -58,10 +58,12 @@ class KvState:
         draft_lags: bool,
         is_parent: bool = False,
         eligible: Callable[[int], bool] | None = None,
+        num_prompt_tokens: int = 0,
     ) -> tuple[list[SequenceOp], int]:
-        """Enters a sequence that will hold `tokens` (its prompt), matched against the prefix
-        cache; returns its ops and how many of its tokens are already in the KV. Parents get
-        no sliding window (MLC-LLM: children fork them)."""
+        """Enters a sequence that will hold `tokens` (its prompt, or a resumed sequence's prompt
+        + output: the first `num_prompt_tokens` are prompt), matched against the prefix cache;
+        returns its ops and how many of its tokens are already in the KV. Parents get no
+        sliding window (MLC-LLM: children fork them)."""
         window = NO_SLIDING_WINDOW if is_parent else self.window
         match = self.cache.insert_sequence(seq_id, tokens, window, eligible=eligible)
         plan = plan_sequence_ops(seq_id, match, draft_lags)
@@ -69,10 +71,11 @@ class KvState:
             self.cache.rollback_sequence(seq_id, plan.cache_rollback)
         if plan.forked_seq_id is None:
             self.pages.add(seq_id)
-            ops: list[SequenceOp] = [AddSequence(seq_id, sampler)]
+            ops: list[SequenceOp] = [AddSequence(seq_id, sampler, num_prompt_tokens)]
         else:
             self.pages.fork(seq_id, plan.forked_seq_id, plan.fork_offset)
-            ops = [ForkSequence(seq_id, plan.forked_seq_id, plan.fork_offset, sampler)]
+            ops = [ForkSequence(seq_id, plan.forked_seq_id, plan.fork_offset, sampler,
+                                num_prompt_tokens=num_prompt_tokens)]
         if plan.reused_seq_id is not None:
             self.pages.remove(plan.reused_seq_id)
             ops.append(RemoveSequence(plan.reused_seq_id))

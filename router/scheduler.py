@@ -337,7 +337,8 @@ class Scheduler:
             mirrors = self.draft_held.__contains__ if speculate else None
             tokens = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
             ops, seq.num_prefilled = self.kv.add_root(
-                seq.seq_id, tokens, seq.sampler, draft_lags=speculate, is_parent=seq.is_parent, eligible=mirrors)
+                seq.seq_id, tokens, seq.sampler, draft_lags=speculate, is_parent=seq.is_parent, eligible=mirrors,
+                num_prompt_tokens=len(seq.spec.prompt_ids) if seq.output_ids else 0)  # resumed: output counts
             self._send(ops, speculates=speculate)
             self.cached_tokens_total += seq.num_prefilled
             if not seq.output_ids:  # a resumed sequence reported its cached tokens already

@@ -73,10 +73,12 @@ def sampler_from_pb(m: pb.SamplerConfig) -> SamplingParams:
 
 def op_to_pb(op: SequenceOp) -> pb.SequenceOp:
     if isinstance(op, AddSequence):
-        return pb.SequenceOp(add=pb.AddSequence(seq_id=op.seq_id, sampler=sampler_to_pb(op.sampler)))
+        add = pb.AddSequence(seq_id=op.seq_id, sampler=sampler_to_pb(op.sampler), num_prompt_tokens=op.num_prompt_tokens)
+        return pb.SequenceOp(add=add)
     if isinstance(op, ForkSequence):
         fork = pb.ForkSequence(
-            seq_id=op.seq_id, parent_id=op.parent_id, position=op.position, sampler=sampler_to_pb(op.sampler)
+            seq_id=op.seq_id, parent_id=op.parent_id, position=op.position, sampler=sampler_to_pb(op.sampler),
+            num_prompt_tokens=op.num_prompt_tokens,
         )
         return pb.SequenceOp(fork=fork)
     if isinstance(op, PopTokens):
@@ -87,10 +89,11 @@ def op_to_pb(op: SequenceOp) -> pb.SequenceOp:
 def op_from_pb(m: pb.SequenceOp) -> SequenceOp:
     kind = m.WhichOneof("op")
     if kind == "add":
-        return AddSequence(m.add.seq_id, sampler_from_pb(m.add.sampler))
+        return AddSequence(m.add.seq_id, sampler_from_pb(m.add.sampler), m.add.num_prompt_tokens)
     if kind == "fork":
         f = m.fork
-        return ForkSequence(f.seq_id, f.parent_id, f.position, sampler_from_pb(f.sampler))
+        return ForkSequence(f.seq_id, f.parent_id, f.position, sampler_from_pb(f.sampler),
+                            num_prompt_tokens=f.num_prompt_tokens)
     if kind == "pop":
         return PopTokens(m.pop.seq_id, m.pop.count)
     if kind == "remove":

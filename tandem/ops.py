@@ -13,6 +13,9 @@ from tandem.sampling.params import SamplingParams
 class AddSequence:
     seq_id: int
     sampler: SamplingParams
+    # Tokens past this many are output already generated (a sequence resumed after preemption
+    # prefills them): the penalties count them. 0: all prompt.
+    num_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +29,7 @@ class ForkSequence:
     # Router-internal, never sent: where the draft forks when that differs from `position`
     # (an n > 1 child forks at L - 1 in the target, at L - 2 in the draft). None: `position`.
     draft_position: int | None = None
+    num_prompt_tokens: int = 0  # as in AddSequence, over the shared tokens too
 
 
 @dataclass(frozen=True, slots=True)

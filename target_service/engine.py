@@ -165,7 +165,7 @@ class TargetEngine:
     def _apply(self, op: SequenceOp) -> None:
         """Each op checks before it changes anything; ops apply in order."""
         if isinstance(op, AddSequence):
-            state = self._new_sampler(op.sampler)
+            state = self._new_sampler(op.sampler, op.num_prompt_tokens)
             self.allocator.add(op.seq_id)
             self._samplers[op.seq_id], self._tokens[op.seq_id] = state, []
         elif isinstance(op, ForkSequence):
@@ -185,21 +185,21 @@ class TargetEngine:
         """The child shares the parent's first `position` tokens. Forked at the parent's full
         length, it also inherits the parent's carry: an n > 1 child whose parent prefilled the
         prompt without its last token pairs the parent's last hidden state with that token."""
-        state = self._new_sampler(op.sampler)
+        state = self._new_sampler(op.sampler, op.num_prompt_tokens)
         self.allocator.fork(op.seq_id, op.parent_id, op.position)
         prefix = self._tokens[op.parent_id][: op.position]
-        state.observe_prompt(prefix)
+        state.observe_prefill(0, prefix)
         self._samplers[op.seq_id], self._tokens[op.seq_id] = state, prefix
         carry = self._carry.get(op.parent_id)
         if carry is not None and op.position == self.allocator.length(op.parent_id):
             self._carry[op.seq_id] = carry.clone()
 
-    def _new_sampler(self, params: SamplingParams) -> SamplingState:
+    def _new_sampler(self, params: SamplingParams, num_prompt_tokens: int = 0) -> SamplingState:
         """Checks the limits a new sequence must fit; no side effects."""
         if self.allocator.num_sequences >= self.config.max_num_sequence:
             raise ResourceExhausted(f"max_num_sequence ({self.config.max_num_sequence}) sequences already live")
         params.validate(self.model.config.vocab_size)
-        return SamplingState(params, self.model.config.vocab_size, self.device)
+        return SamplingState(params, self.model.config.vocab_size, self.device, num_prompt_tokens)
 
     # -- the forward pass ---------------------------------------------------------------------
 
@@ -359,9 +359,9 @@ class TargetEngine:
     def _prepare(self, entries: Sequence[StepEntry]) -> tuple[ForwardBatch, dict[int, int]]:
         """Appends every entry's tokens; returns the batch and each entry's first packed row."""
         for e in entries:
-            self._tokens[e.seq_id].extend(e.token_ids)
             if e.kind is EntryKind.PREFILL:
-                self._samplers[e.seq_id].observe_prompt(e.token_ids)
+                self._samplers[e.seq_id].observe_prefill(len(self._tokens[e.seq_id]), e.token_ids)
+            self._tokens[e.seq_id].extend(e.token_ids)
         items = [(e.seq_id, e.token_ids) for e in entries]
         trees = {e.seq_id: t for e in entries if (t := _tree_input(e)) is not None}
         return append_batch(self.cache, self.model.backend, items, self.model.config.sliding_window, self.device, trees)

@@ -27,9 +27,13 @@ class SamplingState:
     """Mutable sampling state of one sequence: params, generator, penalty bookkeeping."""
 
     def __init__(
-        self, params: SamplingParams, vocab_size: int, device: torch.device | str = "cpu"
+        self, params: SamplingParams, vocab_size: int, device: torch.device | str = "cpu",
+        num_prompt_tokens: int = 0,
     ) -> None:
         self.params = params
+        # Prefilled tokens past this many are output (a sequence resumed after preemption
+        # prefills its output so far); 0: every prefilled token is prompt.
+        self.num_prompt_tokens = num_prompt_tokens
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
@@ -56,6 +60,18 @@ class SamplingState:
             return
         ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=self.device)
         self.seen[ids] = True
+
+    def observe_prefill(self, position: int, token_ids: Sequence[int]) -> None:
+        """Record prefilled tokens that start at `position` of the sequence: as prompt up to
+        `num_prompt_tokens`, as committed output after it."""
+        if self.seen is None or len(token_ids) == 0:
+            return
+        cut = len(token_ids)
+        if self.num_prompt_tokens:
+            cut = max(0, min(cut, self.num_prompt_tokens - position))
+        self.observe_prompt(token_ids[:cut])
+        for token_id in token_ids[cut:]:
+            self.observe_output(token_id)
 
     def observe_output(self, token_id: int) -> None:
         """Record one committed output token: seen, and counted for frequency/presence."""

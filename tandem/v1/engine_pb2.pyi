@@ -218,24 +218,28 @@ class SamplerConfig(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class AddSequence(_message.Message):
-    __slots__ = ("seq_id", "sampler")
+    __slots__ = ("seq_id", "sampler", "num_prompt_tokens")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     sampler: SamplerConfig
-    def __init__(self, seq_id: _Optional[int] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ...) -> None: ...
+    num_prompt_tokens: int
+    def __init__(self, seq_id: _Optional[int] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ..., num_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class ForkSequence(_message.Message):
-    __slots__ = ("seq_id", "parent_id", "position", "sampler")
+    __slots__ = ("seq_id", "parent_id", "position", "sampler", "num_prompt_tokens")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     SAMPLER_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     parent_id: int
     position: int
     sampler: SamplerConfig
-    def __init__(self, seq_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., position: _Optional[int] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ...) -> None: ...
+    num_prompt_tokens: int
+    def __init__(self, seq_id: _Optional[int] = ..., parent_id: _Optional[int] = ..., position: _Optional[int] = ..., sampler: _Optional[_Union[SamplerConfig, _Mapping]] = ..., num_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class PopTokens(_message.Message):
     __slots__ = ("seq_id", "count")

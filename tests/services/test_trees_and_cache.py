@@ -197,3 +197,18 @@ def test_preemption_under_a_small_kv_cache_loses_nothing(launch, reference, eagl
         outputs = {p: f.result()[0] for p, f in futures.items()}
     assert outputs == {p: reference[p] for p in TINY_PROMPTS}
     assert s.stub.Stats(pb.StatsRequest()).preemptions_total > 0
+
+
+def test_penalties_count_the_output_from_before_a_preemption(launch):
+    """A preempted sequence prefills its output so far again: the target counts those tokens as
+    output (frequency and presence penalties), so greedy output is what it is without preemption."""
+    params = greedy()
+    params.frequency_penalty, params.presence_penalty = 1.5, 0.5
+    roomy = launch(eagle=False)
+    expected = {p: generate(roomy.stub, prompt=p, params=params)[0] for p in TINY_PROMPTS}
+    small = launch(eagle=False, target={"kv_cache_tokens": 160, "kv_page_size": 8})
+    with ThreadPoolExecutor(8) as pool:
+        futures = {p: pool.submit(generate, small.stub, prompt=p, params=params) for p in TINY_PROMPTS}
+        outputs = {p: f.result()[0] for p, f in futures.items()}
+    assert small.stub.Stats(pb.StatsRequest()).preemptions_total > 0
+    assert outputs == expected

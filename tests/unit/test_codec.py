@@ -6,7 +6,7 @@ import torch
 
 from tandem import codec
 from tandem.errors import InvalidArgument
-from tandem.ops import DraftResult, EngineInfo, EntryKind, ForkSequence, StepEntry, StepRequest
+from tandem.ops import AddSequence, DraftResult, EngineInfo, EntryKind, ForkSequence, StepEntry, StepRequest
 from tandem.peer import DraftProbs, HiddenPairs, HiddenStep
 from tandem.sampling.params import SamplingParams
 from tandem.tensors import tensor_from_pb, tensor_to_pb
@@ -162,6 +162,12 @@ def test_fork_round_trip_drops_the_router_internal_draft_position():
     fork = ForkSequence(5, 2, 9, SamplingParams(temperature=0), draft_position=8)
     back = codec.op_from_pb(codec.op_to_pb(fork))
     assert back == ForkSequence(5, 2, 9, SamplingParams(temperature=0)) and back.draft_position is None
+
+
+def test_add_and_fork_carry_the_prompt_length_of_a_resumed_sequence():
+    for op in (AddSequence(3, SamplingParams(), num_prompt_tokens=12),
+               ForkSequence(5, 2, 9, SamplingParams(), num_prompt_tokens=7)):
+        assert codec.op_from_pb(codec.op_to_pb(op)) == op
 
 
 def test_sampled_trees_round_trip_through_draft_results_and_steps():

@@ -119,6 +119,19 @@ def test_valid_extremes_that_overflow_still_draw(kw):
     assert sample(logits, [extreme, plain]).token_ids == [1, 2]
 
 
+def test_a_resumed_prefill_counts_its_output_tokens():
+    """Tokens prefilled past num_prompt_tokens (a sequence resumed after preemption) are output:
+    counted, as if sampled, whichever chunk they come in."""
+    resumed = SamplingState(SamplingParams(frequency_penalty=1.0), 8, num_prompt_tokens=3)
+    resumed.observe_prefill(0, [1, 2])
+    resumed.observe_prefill(2, [3, 4, 4, 5])
+    assert resumed.output_counts.tolist() == [0, 0, 0, 0, 2, 1, 0, 0]
+    assert resumed.seen.nonzero().flatten().tolist() == [1, 2, 3, 4, 5]
+    fresh = state(8, frequency_penalty=1.0)
+    fresh.observe_prefill(0, [1, 2, 4])
+    assert not fresh.output_counts.any() and fresh.seen.sum() == 3
+
+
 def test_frequency_and_presence_arithmetic():
     logits = torch.zeros(1, 4)
     s = state(4, frequency_penalty=0.5, presence_penalty=0.25)

@@ -470,7 +470,7 @@ def test_decodes_that_do_not_fit_evict_recycled_then_preempt_the_newest_sequence
     assert b.input_ids == prompt(3, 4) + outputs  # nothing streamed is lost or repeated
     finish(sched, a)
     plan = step(sched)  # a is recycled: evicted to resume b, which samples its next token
-    assert plan.ops == (RemoveSequence(2), AddSequence(5, GREEDY))
+    assert plan.ops == (RemoveSequence(2), AddSequence(5, GREEDY, num_prompt_tokens=4))  # the rest is output
     assert plan.entries == (prefill(5, prompt(3, 4) + outputs, True),) and plan.seqs == (b,)
     assert b.output_ids == [*outputs, FIRST + 9] and b.pending_token == FIRST + 9
     assert b.request.cached_prompt_tokens == 0 and list(sched.waiting) == [c]
