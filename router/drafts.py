@@ -12,12 +12,15 @@ from collections.abc import Sequence
 
 
 def fit_draft(
-    tokens: Sequence[int], parents: Sequence[int], cap: int
+    tokens: Sequence[int], parents: Sequence[int], cap: int, vocab_size: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Returns (tokens, parents) trimmed to `cap` nodes, or None when the draft is malformed.
+    """Returns (tokens, parents) trimmed to `cap` nodes, or None when the draft is malformed
+    (a token outside the target's vocabulary would fail the target's whole step).
     Trimming keeps a prefix of the nodes: the node numbers the draft's streamed distributions
     index stay valid, and each node keeps the first of its sampled children (lossless)."""
     if parents and not _valid_tree(tokens, parents):
+        return None
+    if any(not 0 <= t < vocab_size for t in tokens):
         return None
     cap = max(cap, 0)
     return tuple(tokens[:cap]), tuple(parents[:cap])

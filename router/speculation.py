@@ -71,8 +71,9 @@ class Speculator:
     """Which sequences the draft holds is the scheduler's to say (it sends their ops in
     StepPlan.draft_ops); this class talks to the draft service and watches its health."""
 
-    def __init__(self, channel: grpc.aio.Channel, k: int, timeout_s: float, probe_s: float = 2.0):
+    def __init__(self, channel: grpc.aio.Channel, k: int, timeout_s: float, vocab_size: int, probe_s: float = 2.0):
         self.stub = engine_pb2_grpc.DraftEngineStub(channel)
+        self.vocab_size = vocab_size  # the target's: drafts outside it are dropped
         self.health = health_pb2_grpc.HealthStub(channel)
         self.k = k
         self.timeout_s = timeout_s
@@ -155,9 +156,10 @@ class Speculator:
         self.stats.draft_compute_ms += result.compute_ms
         fitted = {}
         for e, s in wanted:
-            draft = fit_draft(result.tokens.get(e.seq_id, ()), (result.parents or {}).get(e.seq_id, ()), cap(s))
+            parents = (result.parents or {}).get(e.seq_id, ())
+            draft = fit_draft(result.tokens.get(e.seq_id, ()), parents, cap(s), self.vocab_size)
             if draft is None:
-                log.warning("draft service sent a malformed tree for sequence %d: dropped", e.seq_id)
+                log.warning("draft service sent a malformed draft for sequence %d: dropped", e.seq_id)
             if draft and draft[0]:
                 fitted[e.seq_id] = draft
         unserved = [s for e, s in wanted if e.seq_id not in fitted]  # no hidden states, or a bad draft
