@@ -31,7 +31,11 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         arrived = time.monotonic()  # TTFT and duration count tokenizing (router.figures' clock)
         engine = self.engine
         span.add_event("start tokenize")
-        spec = convert.spec_from_pb(
+        # In a thread: a prompt of megabytes takes seconds to tokenize, and the event loop streams
+        # every other request meanwhile (the Rust tokenizer encodes and decodes through shared
+        # references, so the detokenizers on the loop may run beside it).
+        spec = await asyncio.to_thread(
+            convert.spec_from_pb,
             request,
             engine.tokenizer,
             vocab_size=engine.info.vocab_size,
@@ -60,7 +64,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                 engine.cancel(request)
 
     async def Tokenize(self, request, context):
-        ids = convert.prompt_ids(request, self.engine.tokenizer, self.engine.info.vocab_size)
+        ids = await asyncio.to_thread(convert.prompt_ids, request, self.engine.tokenizer, self.engine.info.vocab_size)
         return pb.TokenizeResponse(token_ids=ids)
 
     async def ModelInfo(self, request, context):
