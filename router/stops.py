@@ -28,6 +28,8 @@ class StopStringMatcher:
         self._stops = tuple(s for s in dict.fromkeys(stop) if s)
         self._failure = [failure_function(s) for s in self._stops]
         self._states = [0] * len(self._stops)  # per stop: length of its prefix the text ends with
+        self._firsts = frozenset(s[0] for s in self._stops)
+        self._matching = False  # some state is past 0: the automata must step
         self._pending = ""  # seen, not yet returned: the held text
         self._stopped = False
 
@@ -46,6 +48,8 @@ class StopStringMatcher:
             return text, False
         pending = self._pending + text
         for end, char in enumerate(text, start=len(self._pending) + 1):
+            if not self._matching and char not in self._firsts:
+                continue  # every automaton stays at 0: the common case costs a set lookup
             longest = self._step(char)
             if longest:  # stops that complete here; the longest starts earliest
                 self._pending, self._stopped = "", True
@@ -72,6 +76,7 @@ class StopStringMatcher:
             if state == len(stop):
                 longest = max(longest, state)
             self._states[k] = state
+        self._matching = any(self._states)
         return longest
 
 

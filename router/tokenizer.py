@@ -4,9 +4,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, TemplateSyntaxError, UndefinedError
 
-from tandem.errors import InvalidArgument
+from tandem.errors import FailedPrecondition, InvalidArgument
 
 CHAT_ROLES = ("system", "user", "assistant")
 
@@ -17,6 +17,10 @@ class Tokenizer:
 
         self.hf = AutoTokenizer.from_pretrained(model_dir)
         self.eos_token_ids = _eos_ids(Path(model_dir), self.hf)
+        # The first call turns off a truncation or padding its tokenizer.json may set, a write to
+        # the Rust tokenizer; made here, so that later encodes (in threads) and decodes (on the
+        # event loop) only read it and may run side by side.
+        self.hf("warm-up")
 
     def encode_prompt(self, text: str) -> list[int]:
         return list(self.hf(text)["input_ids"])
@@ -31,7 +35,9 @@ class Tokenizer:
         chat = [{"role": r, "content": c} for r, c in messages]
         try:
             text = self.hf.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
-        except TemplateError as e:  # e.g. a template that wants user and assistant turns to alternate
+        except (TemplateSyntaxError, UndefinedError) as e:  # the template itself is broken
+            raise FailedPrecondition(f"the model's chat template fails: {e}") from e
+        except TemplateError as e:  # its raise_exception: e.g. turns that do not alternate
             raise InvalidArgument(f"messages: the model's chat template refused them: {e}") from e
         return list(self.hf(text, add_special_tokens=False)["input_ids"])
 

@@ -70,8 +70,10 @@ class SamplingState:
         if self.num_prompt_tokens:
             cut = max(0, min(cut, self.num_prompt_tokens - position))
         self.observe_prompt(token_ids[:cut])
-        for token_id in token_ids[cut:]:
-            self.observe_output(token_id)
+        if cut < len(token_ids):
+            ids = torch.as_tensor(list(token_ids[cut:]), dtype=torch.long, device=self.device)
+            self.seen[ids] = True
+            self.output_counts.index_put_((ids,), torch.ones_like(ids, dtype=torch.float32), accumulate=True)
 
     def observe_output(self, token_id: int) -> None:
         """Record one committed output token: seen, and counted for frequency/presence."""

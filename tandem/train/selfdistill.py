@@ -302,13 +302,17 @@ def shards_done(data_dir: Path, spec: DataSpec) -> list[int]:
 def prepare_data(spec: DataSpec, data_dir: Path, home: Path | None, *, deadline: float | None, log: Log) -> dict:
     """Makes every missing shard (answers, then features), stopping cleanly at the deadline
     (time.monotonic()); returns {"complete", "shards", and the speeds of this sitting}."""
+    new_folder = not (Path(data_dir) / "meta.json").is_file()
+    if not new_folder:
+        check_meta(data_dir, spec)  # a folder of other data is refused first
     todo = [k for k in range(spec.num_shards) if k not in shards_done(data_dir, spec)]
     prompts = training_prompts(home, quick=spec.quick, seed=spec.seed, turn=spec.turn) if todo else []
-    if todo and spec.first_prompt(spec.num_shards) > len(prompts):  # refused before the folder exists
+    if todo and spec.first_prompt(spec.num_shards) > len(prompts):  # refused before a new folder exists
         raise InvalidArgument(f"--num-prompts {spec.num_prompts} (in shards of {spec.shard_prompts}, plus the "
                               f"held-out shard) after --skip-prompts {spec.skip_prompts} exceeds the "
                               f"{len(prompts)} prompts available")
-    check_meta(data_dir, spec)
+    if new_folder:
+        check_meta(data_dir, spec)
     if not todo:
         return {"complete": True, "shards": shards_done(data_dir, spec)}
     tokenizer = AutoTokenizer.from_pretrained(spec.target_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tokenizers import AddedToken
 
 from router.detokenizer import IncrementalDetokenizer
 from tandem.testing.tiny import build_tokenizer
@@ -135,28 +136,48 @@ def test_random_text_streams_exactly(text, prompt_text, data):
         assert not any("\ufffd" in d for d in deltas)
 
 
-class CountingTokenizer:
-    """The tiny tokenizer, counting the ids it is asked to decode."""
+def with_added_special() -> tuple[object, int]:
+    """The tiny tokenizer plus an added token marked special that is not among its
+    all_special_ids (as SmolLM2's <file_sep>): decode skips it all the same."""
+    tokenizer = build_tokenizer()
+    tokenizer.add_tokens([AddedToken("<file_sep>", special=True)])
+    added = tokenizer.convert_tokens_to_ids("<file_sep>")
+    assert added not in tokenizer.all_special_ids
+    return tokenizer, added
 
-    def __init__(self):
-        self.decoded = 0
-        self.all_special_ids = TOKENIZER.all_special_ids
+
+class CountingTokenizer:
+    """A tokenizer that counts the ids it is asked to decode."""
+
+    def __init__(self, tokenizer):
+        self.decoded, self.hf = 0, tokenizer
+        self.all_special_ids, self.added_tokens_decoder = tokenizer.all_special_ids, tokenizer.added_tokens_decoder
 
     def decode(self, ids, skip_special_tokens):
         self.decoded += len(ids)
-        return TOKENIZER.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
-@pytest.mark.parametrize("held", [PARTIAL_BYTE_IDS[0], SPECIAL_IDS[0]])
+@pytest.mark.parametrize("held", ["lone byte", "special", "added special"])
 def test_a_long_run_of_held_tokens_costs_linear_time(held):
     """A client can bias the model onto a lone byte or a skipped special token for thousands
     of tokens: each push must decode a bounded window, not everything held so far."""
-    tokenizer = CountingTokenizer()
+    hf, added = with_added_special()
+    token = {"lone byte": PARTIAL_BYTE_IDS[0], "special": SPECIAL_IDS[0], "added special": added}[held]
+    tokenizer = CountingTokenizer(hf)
     detok = IncrementalDetokenizer(tokenizer, encode("Hi"))
     n = 2000
-    deltas = [detok.push([held]) for _ in range(n)] + [detok.flush()]
-    assert "".join(deltas) == TOKENIZER.decode([held] * n, skip_special_tokens=True)
+    deltas = [detok.push([token]) for _ in range(n)] + [detok.flush()]
+    assert "".join(deltas) == hf.decode([token] * n, skip_special_tokens=True)
     assert tokenizer.decoded < 20 * n
+
+
+def test_an_added_special_token_is_skipped_like_the_others():
+    hf, added = with_added_special()
+    ids = encode("A") + [added] + encode("🙂")
+    for skip in (True, False):
+        detok = IncrementalDetokenizer(hf, [], skip_special_tokens=skip)
+        assert "".join([detok.push([i]) for i in ids] + [detok.flush()]) == hf.decode(ids, skip_special_tokens=skip)
 
 
 @pytest.mark.parametrize("n_prompt", [0, 1, 5, 20])

@@ -3,7 +3,7 @@
 import pytest
 
 from router.tokenizer import Tokenizer
-from tandem.errors import InvalidArgument
+from tandem.errors import FailedPrecondition, InvalidArgument
 from tandem.testing.tiny import build_tokenizer
 
 # Mistral's and Llama-2's templates raise like this on a system turn or turns out of order.
@@ -22,3 +22,11 @@ def test_a_chat_template_refusal_is_invalid_argument(tmp_path):
     assert tokenizer.encode_chat([("user", "hi")]) == tokenizer.encode_prompt("user: hi\nassistant:")
     with pytest.raises(InvalidArgument, match=r"messages: .*roles must alternate"):
         tokenizer.encode_chat([("user", "hi"), ("user", "again")])
+
+
+def test_a_broken_chat_template_is_the_servers_fault(tmp_path):
+    hf = build_tokenizer()
+    hf.chat_template = "{% for m in messages %}{{ m['content'] }"  # unclosed expression
+    hf.save_pretrained(tmp_path)
+    with pytest.raises(FailedPrecondition, match="chat template fails"):
+        Tokenizer(tmp_path).encode_chat([("user", "hi")])
