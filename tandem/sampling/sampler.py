@@ -52,13 +52,15 @@ def process_logits(logits: Tensor, states: Sequence[SamplingState]) -> Tensor:
         out[rows] = _apply_penalties(out[rows], [states[i] for i in rows])
     biased = [(i, s) for i, s in enumerate(states) if len(s.bias_ids)]
     if biased:
-        rows = torch.cat([torch.full_like(s.bias_ids, i) for i, s in biased]).to(out.device)
+        bias_rows = torch.cat([torch.full_like(s.bias_ids, i) for i, s in biased]).to(out.device)
         ids = torch.cat([s.bias_ids for _, s in biased]).to(out.device)
         values = torch.cat([s.bias_values for _, s in biased]).to(out.device)
-        out.index_put_((rows, ids), values, accumulate=True)
-    # A valid extreme (repetition_penalty 1e-40, a bias of 1e39) overflows to +inf, and the max
-    # shift of the softmax would make inf - inf = NaN of the row and fail the whole batch's step.
-    return out.clamp_(max=_FLOAT32_MAX)
+        out.index_put_((bias_rows, ids), values, accumulate=True)
+    if rows or biased:
+        # A valid extreme (repetition_penalty 1e-40, a bias of 1e39) overflows to +inf, and the
+        # softmax's max shift would make inf - inf = NaN of the row and fail the whole step.
+        out.clamp_(max=_FLOAT32_MAX)
+    return out
 
 
 def _apply_penalties(logits: Tensor, states: Sequence[SamplingState]) -> Tensor:
