@@ -7,6 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
+from tandem.envvars import env_flag
+
 # OpenMP workers (torch's CPU build uses GNU libgomp) busy-wait after each parallel region:
 # 300,000 spins by default, milliseconds on these cores. The three services hand the CPU to
 # one another every step, and each spinning worker took a core from the next process's forward
@@ -26,8 +28,8 @@ def _env(name: str, default):
 
 
 def _env_flag(name: str) -> bool:
-    """A store_true flag's TANDEM_<NAME> fallback: 1, true or yes sets it."""
-    return os.environ.get(f"TANDEM_{name.upper()}", "").strip().lower() in ("1", "true", "yes")
+    """A store_true flag's TANDEM_<NAME> fallback."""
+    return env_flag(f"TANDEM_{name.upper()}")
 
 
 def default_model(dtype: str) -> Path:

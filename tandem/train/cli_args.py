@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from tandem.envvars import env_flag
 from tandem.train.config import METHODS, SCHEDULES, TrainConfig  # light: torch comes with the command
 
 FULL = {"num_prompts": 1920, "max_prompt_tokens": 256, "max_new_tokens": 256, "shard_prompts": 96, "gen_batch": 48,
@@ -25,7 +26,7 @@ def _env(name: str):
 
 
 def _env_flag(name: str) -> bool:
-    return (_env(name) or "").lower() not in ("", "0", "false", "no")
+    return env_flag(f"TANDEM_TRAIN_{name.upper()}")
 
 
 def _flag(p, name: str, kind=int, help: str = "", **kw) -> None:

@@ -120,6 +120,21 @@ def test_enforce_eager_has_its_environment_fallback(monkeypatch):
     assert build_parser().parse_args(["draft", "--draft-model", "/h"]).enforce_eager
 
 
+@pytest.mark.parametrize("raw, expected", [("on", True), ("Yes", True), ("off", False), ("0", False), ("", False)])
+def test_boolean_environment_variables_read_one_way(monkeypatch, raw, expected):
+    """Service (TANDEM_*) and training (TANDEM_TRAIN_*) flags take the same spellings."""
+    monkeypatch.setenv("TANDEM_ENFORCE_EAGER", raw)
+    monkeypatch.setenv("TANDEM_TRAIN_RESUME", raw)
+    assert build_parser().parse_args(["target"]).enforce_eager is expected
+    assert build_parser().parse_args(["train-draft", "--method", "eagle"]).resume is expected
+
+
+def test_a_boolean_environment_variable_of_another_spelling_is_refused(monkeypatch):
+    monkeypatch.setenv("TANDEM_ENFORCE_EAGER", "enabled")
+    with pytest.raises(SystemExit, match="TANDEM_ENFORCE_EAGER='enabled': expected"):
+        build_parser().parse_args(["target"])
+
+
 def test_the_drafts_lm_head_is_int8_on_cpu_unless_told(monkeypatch):
     from tandem.launcher import service_args
 
