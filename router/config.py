@@ -30,6 +30,7 @@ class RouterConfig:
     # speculative_disable_by_batch_size). The draft keeps receiving hidden states meanwhile.
     spec_disable_batch_size: int = 0
     draft_timeout_s: float = 10.0
+    draft_probe_s: float = 2.0  # a failed draft's health is checked this often until it is back
     # How long to wait for the target at start-up and per step.
     connect_timeout_s: float = 120.0
     step_timeout_s: float = 120.0

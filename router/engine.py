@@ -73,6 +73,7 @@ class RouterEngine:
         self.scheduler = Scheduler(self.limits, speculator.wants if speculator else None, budget)
         if speculator:
             speculator.on_down = self.scheduler.draft_lost
+            speculator.on_up = self.scheduler.draft_back
         self.counters = Counters()
         self.figures = RouterFigures()  # latencies and outcomes, for /metrics and Stats
         self._last_step = 0  # the last target step that completed

@@ -26,6 +26,12 @@ from tandem.errors import ResourceExhausted
 from tandem.kv.pages import pages_for
 from tandem.ops import EntryKind, EntryResult, ForkSequence, RemoveSequence, SequenceOp, StepEntry
 
+# A sequence re-prefills to speculate again (the draft came back) only with this many tokens
+# left to emit, and a quarter of its context: the re-prefill costs about its context in prefill
+# tokens (10x cheaper than decode steps on CPU, 100x on GPUs), drafting saves 20-50% of each
+# decode step still to come.
+RESPECULATE_MIN_TOKENS_LEFT = 32
+
 
 @dataclass(frozen=True, slots=True)
 class StepPlan:
@@ -62,6 +68,8 @@ class Scheduler:
         self.running: list[Sequence] = []  # live sequences that prefill or decode
         self.forking: list[Sequence] = []  # prefilled parents with children left to fork
         self.preempted_total = 0
+        self.respeculated_total = 0  # sequences re-prefilled to speculate again (draft_back)
+        self._draft_back = False
         self.cached_tokens_total = 0  # input tokens the prefix cache saved, resumed sequences included
         self._ops: list[SequenceOp] = []
         self._draft_ops: list[SequenceOp] = []
@@ -137,6 +145,29 @@ class Scheduler:
         for seq in self.running + self.forking:
             seq.draft_live = False
 
+    def draft_back(self) -> None:
+        """The draft service is healthy again (reset, holding nothing). Sequences that lost it
+        re-prefill at the next step to speculate again: the draft rebuilds a sequence's context
+        only from the target's hidden states at every position, which a prefill makes."""
+        self._draft_back = True
+
+    def _respeculate(self) -> None:
+        for seq in reversed(self.running + self.forking):  # the oldest ends up first in line
+            if self._worth_respeculating(seq):
+                self._requeue(seq)
+                self.respeculated_total += 1
+
+    def _worth_respeculating(self, seq: Sequence) -> bool:
+        if seq.draft_live or not (self.speculates and self.speculates(seq)):
+            return False
+        if seq.sampler.seed is not None and not seq.sampler.greedy:
+            return False  # a resumed sequence draws from a fresh stream of its seed
+        if seq.is_parent:
+            return bool(seq.request.unactivated)  # its children fork from it speculating
+        left = seq.spec.max_tokens - len(seq.output_ids)
+        context = len(seq.spec.prompt_ids) + len(seq.output_ids)
+        return left >= max(RESPECULATE_MIN_TOKENS_LEFT, context // 4)
+
     def _send(self, ops: list[SequenceOp], speculates: bool = False) -> None:
         """Queues ops for the target, and their mirror for the draft: new sequences that
         speculate (a child forks one position earlier there) and removals of what it holds."""
@@ -164,6 +195,9 @@ class Scheduler:
         entries: list[StepEntry] = []
         seqs: list[Sequence] = []
         self._draft_allow.clear()
+        if self._draft_back:
+            self._draft_back = False
+            self._respeculate()
         reserved = self._reserve_decodes()
         for seq in self.running:
             if seq.pending_token is not None:
@@ -266,6 +300,10 @@ class Scheduler:
         return cap
 
     def _preempt(self, seq: Sequence) -> None:
+        self._requeue(seq)
+        self.preempted_total += 1
+
+    def _requeue(self, seq: Sequence) -> None:
         """Drops its KV; it waits first in line, to resume from its prompt + output so far (a
         parent: to prefill the prompt again for the children it has left to fork)."""
         self._drop(seq)
@@ -277,7 +315,6 @@ class Scheduler:
             seq.input_ids = seq.spec.prompt_ids + tuple(seq.output_ids)
             seq.pending_token = None
         self.waiting.appendleft(seq)
-        self.preempted_total += 1
 
     def _total_length(self) -> int:
         return sum(self.kv.length(s.seq_id) for s in self.running)

@@ -43,7 +43,8 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     speculator = None
     if config.draft_address:
         draft_channel = grpc.aio.insecure_channel(config.draft_address, options=CHANNEL_OPTIONS)
-        speculator = Speculator(draft_channel, config.spec_draft_length, config.draft_timeout_s, info.vocab_size)
+        speculator = Speculator(draft_channel, config.spec_draft_length, config.draft_timeout_s, info.vocab_size,
+                                config.draft_probe_s)
         await speculator.connect(config.connect_timeout_s)
     draft_max = speculator.max_sequences if speculator and speculator.max_sequences else None
     engine = RouterEngine(config, Tokenizer(config.model_dir), stub, info, speculator,

@@ -84,6 +84,7 @@ class Speculator:
         self.max_draft_tokens = 0  # tree nodes per sequence (0: k, a chain)
         self.method, self.shape = "", "chain"
         self.on_down = lambda: None  # the router engine's: the draft holds nothing any more
+        self.on_up = lambda: None  # the router engine's: the draft is back, reset
         self._ops: list[SequenceOp] = []
         self._draft_ids = itertools.count(1)
         self._probe: asyncio.Task | None = None
@@ -195,12 +196,13 @@ class Speculator:
         while True:
             await asyncio.sleep(self.probe_s)
             try:
-                check = await self.health.Check(health_pb2.HealthCheckRequest(), timeout=self.probe_s)
+                check = await self.health.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout_s)
                 if check.status == health_pb2.HealthCheckResponse.SERVING:
                     await self.stub.Reset(engine_pb2.ResetRequest(), timeout=self.timeout_s)
                     self._learn(await self.stub.Info(engine_pb2.InfoRequest(), timeout=self.timeout_s))
                     self.healthy = True
-                    log.info("draft service healthy again: new requests speculate")
+                    self.on_up()
+                    log.info("draft service healthy again: new requests speculate, running ones once re-prefilled")
                     return
             except grpc.aio.AioRpcError:
                 continue

@@ -19,7 +19,11 @@ log = logging.getLogger(__name__)
 # Tensors travel between the model services; the 4 MiB default is far too small.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 KEEPALIVE_MS = 30_000
+# A channel whose server went away retries with exponential backoff up to 120 s by default: a
+# draft or target restarted by compose would wait up to two minutes to be seen again.
+MAX_RECONNECT_BACKOFF_MS = 2_000
 CHANNEL_OPTIONS = [
+    ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", KEEPALIVE_MS),

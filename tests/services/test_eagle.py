@@ -5,9 +5,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from draft_service.config import DraftConfig
 from draft_service.server import start_draft
+from tandem.grpc_server import MAX_RECONNECT_BACKOFF_MS
 from tandem.models.eagle_io import random_eagle_checkpoint
 from tandem.testing.tiny import TINY_PROMPTS
 from tandem.v1 import engine_pb2, engine_pb2_grpc
@@ -143,6 +145,38 @@ def test_killing_the_draft_fails_no_request(tiny_model, trained_head, reference)
             time.sleep(0.2)
         ids, _, _, last = generate(s.stub, prompt=TINY_PROMPTS[1], params=greedy())
         assert ids == reference[TINY_PROMPTS[1]] and last.usage.draft_tokens > 0
+    finally:
+        s.stop()
+
+
+def test_requests_that_lost_the_draft_speculate_again_once_it_is_back(tiny_model, trained_head):
+    """They re-prefill (the draft rebuilds their context from the target's hidden states) and
+    carry on speculating, their output the same as plain decoding's."""
+    s = start_services(tiny_model, draft_model=trained_head, router={"spec_draft_length": 4, "draft_probe_s": 0.05})
+    try:
+        s.stop_draft()
+        generate(s.stub, prompt=TINY_PROMPTS[0], params=greedy())  # the router finds the draft gone
+        assert not s.stub.Stats(pb.StatsRequest()).speculation_active
+        config = DraftConfig(method="eagle", model_dir=trained_head, target_model_dir=tiny_model,
+                             target_address=f"127.0.0.1:{s.target_port}", port=s.draft_port)
+        s.draft_server, health, _, s.draft_engine, _ = start_draft(config)
+        health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)  # up, not yet ready
+        # The router's channel reconnects within its backoff cap; from then on its probes get
+        # NOT_SERVING, and SERVING is seen within one probe (these requests last a second).
+        time.sleep(1.5 * MAX_RECONNECT_BACKOFF_MS / 1e3)
+        params = greedy(max_tokens=400)
+        calls = [s.stub.Generate(pb.GenerateRequest(prompt=p, params=params), timeout=120) for p in TINY_PROMPTS[:2]]
+        firsts = [next(c) for c in calls]  # both run, plainly
+        health.set("", health_pb2.HealthCheckResponse.SERVING)
+        outs, lasts = [], []
+        for first, call in zip(firsts, calls):
+            rest = list(call)
+            outs.append(list(first.choices[0].token_ids) + [t for r in rest for t in r.choices[0].token_ids])
+            lasts.append(rest[-1])
+        assert all(last.usage.draft_tokens > 0 for last in lasts), "a running request never speculated again"
+        plain = [generate(s.stub, prompt=p, params=greedy(max_tokens=400, speculate=False))[0] for p in TINY_PROMPTS[:2]]
+        assert outs == plain
+        assert s.wait_idle().sequences_live == 0 and wait_draft_idle(s).sequences_live == 0
     finally:
         s.stop()
 

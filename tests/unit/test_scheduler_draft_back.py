@@ -1,0 +1,69 @@
+"""The draft service comes back after a failure: sequences that lost it re-prefill to speculate
+again, where that is worth a prefill and changes no output."""
+
+from router.request import FinishReason
+from router.scheduler import RESPECULATE_MIN_TOKENS_LEFT, Scheduler
+from tandem.ops import AddSequence, RemoveSequence
+from tandem.sampling.params import SamplingParams
+from tests.unit.test_scheduler import (FIRST, GREEDY, SEEDED, decode, limits, prefill, prompt, run, speculating,
+                                       step, submit)
+
+
+def lose_the_draft(sched: Scheduler, steps: int = 2) -> None:
+    sched.draft_lost()
+    for _ in range(steps):
+        assert step(sched).draft_ops == ()
+
+
+def test_a_sequence_that_lost_the_draft_re_prefills_to_speculate_once_it_is_back():
+    sched = Scheduler(limits(spec_draft_length=1), speculating)
+    seq = submit(sched, 1, 8, max_tokens=64).choices[0]
+    step(sched)
+    assert seq.draft_live
+    lose_the_draft(sched)
+    assert not seq.draft_live and seq.output_ids == [FIRST, FIRST + 1, FIRST + 2]
+    sched.draft_back()
+    plan = run(sched, sched.schedule())
+    outputs = (FIRST, FIRST + 1, FIRST + 2)
+    resumed = AddSequence(2, GREEDY, num_prompt_tokens=8)  # its output so far counts as output
+    assert plan.ops == (RemoveSequence(1), resumed) and plan.draft_ops == (resumed,)
+    assert plan.entries == (prefill(2, prompt(1, 8) + outputs, True),)
+    assert seq.draft_live and seq.output_ids == [*outputs, FIRST + 3]  # nothing lost or repeated
+    assert sched.respeculated_total == 1 and sched.preempted_total == 0
+    assert step(sched).entries == (decode(2, FIRST + 3),)
+    sched.draft_back()  # it speculates already: nothing to do
+    assert step(sched).ops == () and sched.respeculated_total == 1
+
+
+def test_sequences_a_re_prefill_would_not_pay_for_or_would_change_keep_decoding_plainly():
+    sched = Scheduler(limits(spec_draft_length=1, max_total_sequence_length=1024, kv_page_size=16,
+                             prefill_chunk_size=256), speculating)
+    seeded = submit(sched, 1, 4, max_tokens=64, sampler=SamplingParams(temperature=1.0, seed=3)).choices[0]
+    short = submit(sched, 2, 4, max_tokens=RESPECULATE_MIN_TOKENS_LEFT + 1).choices[0]
+    long_context = submit(sched, 3, 200, max_tokens=48).choices[0]  # 48 left < 200 // 4
+    plain = submit(sched, 4, 4, max_tokens=64, speculate=False).choices[0]
+    step(sched)
+    lose_the_draft(sched)  # short has 32 - 2 left now
+    sched.draft_back()
+    plan = sched.schedule()
+    assert plan.ops == () and {s.seq_id for s in plan.seqs} == {s.seq_id for s in (seeded, short, long_context, plain)}
+    assert not any(s.draft_live for s in plan.seqs) and sched.respeculated_total == 0
+
+
+def test_a_parent_with_children_left_to_fork_re_prefills_so_they_speculate():
+    sched = Scheduler(limits(spec_draft_length=1, max_num_sequence=4), speculating)  # 2 running at most
+    request = submit(sched, 1, 5, n=3, max_tokens=64)
+    parent, (c0, c1, c2) = request.parent, request.choices
+    step(sched)
+    lose_the_draft(sched, steps=1)  # the children fork from a parent the draft no longer holds
+    assert not (c0.draft_live or c1.draft_live) and request.unactivated == [c2] and sched.forking == [parent]
+    sched.draft_back()
+    plan = run(sched, sched.schedule())
+    assert [s for s in plan.seqs] == [c0, c1] and c0.draft_live and c1.draft_live
+    assert list(sched.waiting) == [parent] and not parent.live and sched.respeculated_total == 3
+    for seq in (c0, c1):
+        seq.finish_reason = FinishReason.LENGTH
+        sched.finish(seq)
+    for _ in range(3):
+        step(sched)
+    assert c2.live and c2.draft_live  # forked from the re-prefilled parent, in both services
