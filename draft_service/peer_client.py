@@ -36,6 +36,7 @@ class DraftPeer:
         self.feature_width: int | None = None  # the width of the hidden states it reads
         self.refusal: str | None = None  # why the target last refused the stream (INVALID_ARGUMENT)
         self._width_warned = False  # one warning a stream for hidden states of another width
+        self.on_connected = lambda connected: None  # the server's health follows the stream
 
     def use_features(self, layers: tuple[int, ...], width: int) -> None:
         """The target layers whose inputs the head reads (EAGLE-3's aux layers; () for the
@@ -121,7 +122,9 @@ class DraftPeer:
             except Exception:  # the thread must live on, or speculation never comes back
                 log.exception("draft: peer stream failed")
             finally:
-                self._connected = False
+                if self._connected:
+                    self._connected = False
+                    self.on_connected(False)
             self._stop.wait(REFUSED_RETRY_S if refused else RECONNECT_S)
 
     def _stream_once(self) -> None:
@@ -144,7 +147,9 @@ class DraftPeer:
         with self._cond:
             if not self._connected:
                 self._connected, self._width_warned, self.refusal = True, False, None
+                self._last_step = step.step_id  # the hello's: a restarted target counts afresh
                 log.info("draft: peer stream to %s open", self.target_address)
+                self.on_connected(True)
             for pairs in step.seqs:
                 if self.feature_width is not None and pairs.hidden.shape[-1] != self.feature_width:
                     if not self._width_warned:

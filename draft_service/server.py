@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import grpc
 import torch
+from grpc_health.v1 import health_pb2
 
 from draft_service.config import DraftConfig
 from draft_service.engine import DraftEngine
@@ -62,6 +63,18 @@ def build_engine(config: DraftConfig, peer, tracing: Tracing | None = None) -> t
     return kind.engine(config, head, peer, tracing=tracing), kind
 
 
+def follow_peer(health, peer: DraftPeer) -> None:
+    """SERVING only while the peer stream to the target is open: without it the draft has no
+    hidden states to draft from, and a router that saw it healthy would speculate into failures."""
+    def say(connected: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if connected else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            health.set(name, status)
+
+    peer.on_connected = say
+    say(peer.connected)  # it may have changed before the callback was set
+
+
 def start_draft(config: DraftConfig, tracing: Tracing | None = None):
     """Starts the server and the peer stream; returns (server, health, bound port, engine,
     metrics server or None)."""
@@ -80,6 +93,7 @@ def start_draft(config: DraftConfig, tracing: Tracing | None = None):
                              max_draft_tokens=max_draft_tokens, shape=shape, tracing=tracing)
     engine_pb2_grpc.add_DraftEngineServicer_to_server(servicer, server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
+    follow_peer(health, peer)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
         raise RuntimeError(f"draft: cannot bind {config.host}:{config.port}")

@@ -27,6 +27,11 @@ class CallStream:
         self.id_field = id_field
         self._call = None
 
+    @property
+    def is_open(self) -> bool:
+        """A stream is open and has not ended (the next call will not open one)."""
+        return self._call is not None and not self._call.done()
+
     async def call(self, request):
         """The response; raises Unavailable when the service is gone or too slow, a
         TandemError with the service's status when it failed this request."""

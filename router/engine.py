@@ -7,6 +7,7 @@ touched from one thread.
 """
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -46,6 +47,7 @@ class Counters:
     step_ms_total: float = 0.0
     target_compute_ms_total: float = 0.0
     kv_mirror_mismatches: int = 0  # steps after which the router's page view differed: a bug
+    target_restarts: int = 0  # targets found restarted between steps (instance_id)
 
 
 class RouterEngine:
@@ -145,6 +147,8 @@ class RouterEngine:
 
     async def _iterate(self) -> None:
         """One step: schedule -> draft -> target -> postprocess (or wait for work)."""
+        if not self._steps.is_open:  # first step, or the stream ended while idle
+            await self._check_target_instance()
         plan = self.scheduler.schedule()
         if plan.empty and not plan.draft_ops:
             self._wake.clear()
@@ -243,12 +247,32 @@ class RouterEngine:
     def _running_requests(self) -> list[Request]:
         return [r for r in self._requests if any(s.live for s in (r.parent, *r.choices) if s is not None)]
 
+    async def _check_target_instance(self) -> None:
+        """A target that restarted holds none of the sequences the router's view says it does
+        (recycled ones in the prefix cache, above all): drop that view before a step names them."""
+        try:
+            info = await self.target.Info(engine_pb2.InfoRequest(), timeout=self.config.step_timeout_s)
+        except grpc.aio.AioRpcError:
+            return  # gone: the step fails and _reset_target waits for it
+        if info.instance_id == self.info.instance_id:
+            return
+        log.warning("target service restarted (instance %s, was %s): the router's prefix cache is dropped",
+                    info.instance_id, self.info.instance_id)
+        self.info = dataclasses.replace(self.info, instance_id=info.instance_id)
+        self.counters.target_restarts += 1
+        if self._running_requests():
+            self._fail_running(Unavailable("target service restarted"))
+        else:
+            self.scheduler.reset()
+
     async def _reset_target(self) -> None:
         """Until the target has dropped every sequence, nothing new is scheduled: a target that
         stays down fails the requests that wait (UNAVAILABLE) rather than leaking them."""
         while True:
             try:
                 await self.target.Reset(engine_pb2.ResetRequest(), timeout=self.config.step_timeout_s)
+                info = await self.target.Info(engine_pb2.InfoRequest(), timeout=self.config.step_timeout_s)
+                self.info = dataclasses.replace(self.info, instance_id=info.instance_id)  # reset: nothing held
                 return
             except grpc.aio.AioRpcError as e:
                 log.warning("target reset failed: %s; retrying", e.details())

@@ -125,11 +125,14 @@ class RouterSnapshot:
     steps_total: int
     step_errors_total: int
     preemptions_total: int
+    target_restarts_total: int
     kv_pages_total: int
     kv_pages_free: int
     kv_pages_used: int
     draft_tokens_total: int
     accepted_draft_tokens_total: int
+    draft_failures_total: int
+    respeculations_total: int
     mean_accepted_length: float
     proposed_by_position: tuple[int, ...]
     accepted_by_position: tuple[int, ...]
@@ -173,6 +176,9 @@ def snapshot(engine, now: float | None = None) -> RouterSnapshot:
         steps_total=c.steps_total,
         step_errors_total=c.step_errors_total,
         preemptions_total=sched.preempted_total,
+        target_restarts_total=c.target_restarts,
+        draft_failures_total=spec.draft_failures if spec else 0,
+        respeculations_total=sched.respeculated_total,
         kv_pages_total=engine.info.kv_pages_total,
         kv_pages_free=engine.kv_pages_free,
         kv_pages_used=engine.info.kv_pages_total - engine.kv_pages_free,

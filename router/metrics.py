@@ -39,6 +39,8 @@ def _tokens(s: RouterSnapshot) -> list[Metric]:
         counter(f"{P}_preemptions_total", "Sequences whose KV was dropped for lack of pages.", s.preemptions_total),
         counter(f"{P}_steps_total", "Target steps.", s.steps_total),
         counter(f"{P}_step_errors_total", "Target steps that failed (their requests failed).", s.step_errors_total),
+        counter(f"{P}_target_restarts_total", "Target processes found restarted between steps (the prefix cache"
+                " was dropped).", s.target_restarts_total),
     ]
 
 
@@ -53,6 +55,10 @@ def _speculation(s: RouterSnapshot) -> list[Metric]:
         labelled_counter(f"{P}_draft_position_accepted_total", "Verifies that accepted the draft at this position.",
                          "position", dict(zip(positions, s.accepted_by_position))),
         gauge(f"{P}_speculation_active", "1 while a healthy draft service drafts, else 0.", int(s.speculation_active)),
+        counter(f"{P}_draft_failures_total", "Draft calls that failed: speculation stops until the draft service"
+                " is healthy again.", s.draft_failures_total),
+        counter(f"{P}_respeculations_total", "Running sequences re-prefilled to speculate again once the draft"
+                " service was back.", s.respeculations_total),
         counter(f"{P}_spec_paused_steps_total", "Steps that drafted nothing: they decoded --spec-disable-batch-size"
                 " sequences or more.", s.spec_paused_steps_total),
     ]

@@ -155,15 +155,18 @@ class Scheduler:
         for seq in reversed(self.running + self.forking):  # the oldest ends up first in line
             if self._worth_respeculating(seq):
                 self._requeue(seq)
+                seq.respeculated = True
                 self.respeculated_total += 1
 
     def _worth_respeculating(self, seq: Sequence) -> bool:
-        if seq.draft_live or not (self.speculates and self.speculates(seq)):
+        """Once a sequence at most: a draft that fails again right after (its peer stream to
+        the target down, say) must not restart a long prefill at every recovery."""
+        if seq.draft_live or seq.respeculated or not (self.speculates and self.speculates(seq)):
             return False
+        if seq.is_parent:  # it samples nothing itself; its children fork from it speculating
+            return bool(seq.request.unactivated)
         if seq.sampler.seed is not None and not seq.sampler.greedy:
             return False  # a resumed sequence draws from a fresh stream of its seed
-        if seq.is_parent:
-            return bool(seq.request.unactivated)  # its children fork from it speculating
         left = seq.spec.max_tokens - len(seq.output_ids)
         context = len(seq.spec.prompt_ids) + len(seq.output_ids)
         return left >= max(RESPECULATE_MIN_TOKENS_LEFT, context // 4)

@@ -107,6 +107,7 @@ class EngineInfo:
     dtype: str
     hidden_size: int
     sliding_window: int = 0  # 0: none
+    instance_id: str = ""  # random, one per process (see engine.proto)
 
 
 @dataclass(frozen=True, slots=True)

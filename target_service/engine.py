@@ -7,6 +7,7 @@ One step = the router's sequence ops, then one forward pass over the new tokens 
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 
 import torch
@@ -53,6 +54,7 @@ class TargetEngine:
 
     def __init__(self, config: TargetConfig):
         self.config = config
+        self.instance_id = uuid.uuid4().hex  # a restarted target is another (EngineInfo.instance_id)
         self.device = torch.device(config.device)
         self.model = load_model(
             config.model_dir,
@@ -116,6 +118,7 @@ class TargetEngine:
             dtype=self.config.dtype,
             hidden_size=mc.hidden_size,
             sliding_window=mc.sliding_window or 0,
+            instance_id=self.instance_id,
         )
 
     def stats(self) -> EngineStats:

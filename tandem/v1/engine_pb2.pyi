@@ -161,7 +161,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("model", "architecture", "vocab_size", "max_context_length", "kv_page_size", "kv_pages_total", "max_num_sequence", "dtype", "hidden_size", "sliding_window")
+    __slots__ = ("model", "architecture", "vocab_size", "max_context_length", "kv_page_size", "kv_pages_total", "max_num_sequence", "dtype", "hidden_size", "sliding_window", "instance_id")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,7 @@ class EngineInfo(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     model: str
     architecture: str
     vocab_size: int
@@ -182,7 +183,8 @@ class EngineInfo(_message.Message):
     dtype: str
     hidden_size: int
     sliding_window: int
-    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_length: _Optional[int] = ..., kv_page_size: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., max_num_sequence: _Optional[int] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ..., sliding_window: _Optional[int] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_length: _Optional[int] = ..., kv_page_size: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., max_num_sequence: _Optional[int] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ..., sliding_window: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class SamplerConfig(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "seed", "logprobs", "top_logprobs")

@@ -9,6 +9,7 @@ from grpc_health.v1 import health_pb2
 
 from draft_service.config import DraftConfig
 from draft_service.server import start_draft
+from router.figures import snapshot
 from tandem.grpc_server import MAX_RECONNECT_BACKOFF_MS
 from tandem.models.eagle_io import random_eagle_checkpoint
 from tandem.testing.tiny import TINY_PROMPTS
@@ -174,6 +175,8 @@ def test_requests_that_lost_the_draft_speculate_again_once_it_is_back(tiny_model
             outs.append(list(first.choices[0].token_ids) + [t for r in rest for t in r.choices[0].token_ids])
             lasts.append(rest[-1])
         assert all(last.usage.draft_tokens > 0 for last in lasts), "a running request never speculated again"
+        figures = snapshot(s.router_engine)
+        assert figures.respeculations_total == 2 and figures.draft_failures_total == 1
         plain = [generate(s.stub, prompt=p, params=greedy(max_tokens=400, speculate=False))[0] for p in TINY_PROMPTS[:2]]
         assert outs == plain
         assert s.wait_idle().sequences_live == 0 and wait_draft_idle(s).sequences_live == 0

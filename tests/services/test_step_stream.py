@@ -7,6 +7,7 @@ import time
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from draft_service.config import DraftConfig
 from draft_service.server import start_draft
@@ -14,6 +15,8 @@ from tandem.models.eagle_io import random_eagle_checkpoint
 from tandem.v1 import engine_pb2 as epb
 from tandem.v1 import engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
+from router.figures import snapshot
+from router.metrics import router_families
 from target_service.config import TargetConfig
 from target_service.server import start_target
 from tests.services.harness import generate, start_services
@@ -118,6 +121,64 @@ def test_a_target_stream_that_ended_while_idle_is_opened_again(own_services):
     for _ in range(2):  # the first after the restart too: the router opens a fresh stream
         assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
     assert s.router_engine.counters.step_errors_total == 0
+
+
+def test_a_target_restarted_while_idle_is_found_and_what_it_held_is_forgotten(own_services):
+    """A new target process holds none of the sequences the router's prefix cache names: the
+    router sees another instance before its next step and drops its view (it forked a recycled
+    sequence the new target never had, failing the request)."""
+    s = own_services
+    prompt = "hello there, how are you today"  # recycled after the first request: the next forks it
+    expected = generate(s.stub, prompt=prompt, params=GREEDY)[0]
+    s.target_server.stop(0).wait()
+    s.target_server, _, _, s.target_engine, _ = start_target(_target_config(s))  # a fresh process's engine
+    for _ in range(2):
+        assert generate(s.stub, prompt=prompt, params=GREEDY)[0] == expected
+    counters = s.router_engine.counters
+    assert counters.step_errors_total == 0 and counters.target_restarts == 1 and counters.kv_mirror_mismatches == 0
+    samples = {m.name: m.value for family in router_families(snapshot(s.router_engine)) for m in family.samples}
+    assert samples["tandem_router_target_restarts_total"] == 1
+
+
+def _target_config(s) -> TargetConfig:
+    return TargetConfig(model_dir=s.router_engine.config.model_dir, port=s.target_port,
+                        kv_cache_tokens=8192, kv_page_size=8)
+
+
+def _draft_health(s) -> int:
+    with grpc.insecure_channel(f"127.0.0.1:{s.draft_port}") as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10).status
+
+
+def _wait_for(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_the_draft_is_serving_only_while_its_peer_stream_to_the_target_is_open(tiny_model, tmp_path):
+    """Without the stream the draft has nothing to draft from: a router that saw it SERVING
+    would re-prefill its running requests to speculate into failures."""
+    head = random_eagle_checkpoint(tmp_path / "head", tiny_model, seed=3)
+    s = start_services(tiny_model, draft_model=head)
+    try:
+        expected = generate(s.stub, prompt="hello", params=GREEDY)[0]
+        assert _draft_health(s) == health_pb2.HealthCheckResponse.SERVING
+        s.target_server.stop(0).wait()
+        _wait_for(lambda: _draft_health(s) == health_pb2.HealthCheckResponse.NOT_SERVING, "the draft still says SERVING")
+        s.target_server, _, _, s.target_engine, _ = start_target(_target_config(s))
+        _wait_for(lambda: _draft_health(s) == health_pb2.HealthCheckResponse.SERVING, "the draft never came back")
+
+        def drafted() -> bool:  # served (plain until the router sees the draft healthy), then drafted
+            ids, _, _, last = generate(s.stub, prompt="hello", params=GREEDY)
+            assert ids == expected
+            return last.usage.draft_tokens > 0
+
+        _wait_for(drafted, "the router never drafted again")
+        assert s.router_engine.counters.target_restarts == 1
+    finally:
+        s.stop()
 
 
 def test_a_draft_restarted_while_idle_speculates_again(tiny_model, tmp_path):

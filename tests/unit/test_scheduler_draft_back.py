@@ -67,3 +67,21 @@ def test_a_parent_with_children_left_to_fork_re_prefills_so_they_speculate():
     for _ in range(3):
         step(sched)
     assert c2.live and c2.draft_live  # forked from the re-prefilled parent, in both services
+
+
+def test_a_sequence_re_prefills_for_a_returning_draft_once_at_most():
+    """A draft that fails again right after it is back (its peer stream down, say) must not
+    restart a long prefill at every recovery."""
+    sched = Scheduler(limits(spec_draft_length=1, prefill_chunk_size=4), speculating)
+    seq = submit(sched, 1, 16, max_tokens=64).choices[0]
+    step(sched)
+    lose_the_draft(sched)
+    assert seq.num_prefilled == 12 and not seq.draft_live
+    sched.draft_back()
+    step(sched)
+    assert seq.num_prefilled == 4 and seq.draft_live and sched.respeculated_total == 1
+    lose_the_draft(sched)
+    sched.draft_back()
+    step(sched)
+    assert seq.num_prefilled == 16 and not seq.draft_live and sched.respeculated_total == 1
+    assert seq.output_ids == [FIRST]
