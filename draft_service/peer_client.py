@@ -12,7 +12,7 @@ from tandem import codec
 from tandem.errors import Unavailable
 from tandem.grpc_server import CHANNEL_OPTIONS
 from tandem.peer import DraftProbs, HiddenPairs, one_torch_thread
-from tandem.v1 import engine_pb2_grpc
+from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 RECONNECT_S = 0.5
@@ -36,7 +36,9 @@ class DraftPeer:
         self.feature_width: int | None = None  # the width of the hidden states it reads
         self.refusal: str | None = None  # why the target last refused the stream (INVALID_ARGUMENT)
         self._width_warned = False  # one warning a stream for hidden states of another width
-        self.on_connected = lambda connected: None  # the server's health follows the stream
+        self.on_connected = lambda: None  # the stream opened or closed: the server's health follows
+        self._target_instance = ""  # EngineInfo.instance_id of the target streamed from
+        self._new_instance = False  # this stream's target is another process than the last one's
 
     def use_features(self, layers: tuple[int, ...], width: int) -> None:
         """The target layers whose inputs the head reads (EAGLE-3's aux layers; () for the
@@ -124,12 +126,14 @@ class DraftPeer:
             finally:
                 if self._connected:
                     self._connected = False
-                    self.on_connected(False)
+                    self.on_connected()
             self._stop.wait(REFUSED_RETRY_S if refused else RECONNECT_S)
 
     def _stream_once(self) -> None:
         with grpc.insecure_channel(self.target_address, options=CHANNEL_OPTIONS) as channel:
             grpc.channel_ready_future(channel).result(timeout=30)
+            info = engine_pb2_grpc.TargetEngineStub(channel).Info(engine_pb2.InfoRequest(), timeout=30)
+            self._begin_stream(info.instance_id)
             out: queue.Queue = queue.Queue()
             columns = self.columns
             out.put(codec.peer_hello_to_pb(self.feature_layers, columns))  # before any rows on the columns
@@ -143,13 +147,19 @@ class DraftPeer:
                 self._outgoing = None
                 out.put(None)
 
+    def _begin_stream(self, instance_id: str) -> None:
+        self._new_instance = instance_id != self._target_instance
+        self._target_instance = instance_id
+
     def _receive(self, step) -> None:
+        opened = not self._connected
         with self._cond:
-            if not self._connected:
+            if opened:
                 self._connected, self._width_warned, self.refusal = True, False, None
-                self._last_step = step.step_id  # the hello's: a restarted target counts afresh
+                if self._new_instance:  # a restarted target (and router) count steps afresh
+                    self._last_step = step.step_id
+                    self._trace_contexts.clear()
                 log.info("draft: peer stream to %s open", self.target_address)
-                self.on_connected(True)
             for pairs in step.seqs:
                 if self.feature_width is not None and pairs.hidden.shape[-1] != self.feature_width:
                     if not self._width_warned:
@@ -164,6 +174,8 @@ class DraftPeer:
                 for old in [s for s in self._trace_contexts if s <= step.step_id - KEEP_TRACE_CONTEXTS]:
                     del self._trace_contexts[old]
             self._cond.notify_all()
+        if opened:  # outside the lock: a health watcher may block the callback
+            self.on_connected()
 
 
 def wait_for_hidden_states(peer, after_target_step: int, timeout_s: float) -> None:

@@ -1,6 +1,7 @@
 """Builds and runs the draft service: the gRPC server plus its peer stream to the target."""
 
 import logging
+import threading
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -65,14 +66,19 @@ def build_engine(config: DraftConfig, peer, tracing: Tracing | None = None) -> t
 
 def follow_peer(health, peer: DraftPeer) -> None:
     """SERVING only while the peer stream to the target is open: without it the draft has no
-    hidden states to draft from, and a router that saw it healthy would speculate into failures."""
-    def say(connected: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if connected else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", SERVICE_NAME):
-            health.set(name, status)
+    hidden states to draft from, and a router that saw it healthy would speculate into failures.
+    Each call reads the state afresh under one lock, so the last status set is the current one."""
+    lock = threading.Lock()
 
-    peer.on_connected = say
-    say(peer.connected)  # it may have changed before the callback was set
+    def sync() -> None:
+        with lock:
+            serving = health_pb2.HealthCheckResponse.SERVING
+            status = serving if peer.connected else health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in ("", SERVICE_NAME):
+                health.set(name, status)
+
+    peer.on_connected = sync
+    sync()
 
 
 def start_draft(config: DraftConfig, tracing: Tracing | None = None):

@@ -68,6 +68,7 @@ class RouterEngine:
         self.target = target
         self._steps = CallStream(target.Steps, config.step_timeout_s, "target service", "step_id")
         self.info = info
+        self._target_instance = info.instance_id  # a restarted target is another (_check_target)
         self.limits = resolve_limits(config, info, draft_max_num_sequence if speculator else None,
                                      speculator.max_draft_tokens if speculator else 0)
         self.speculator = speculator
@@ -148,7 +149,7 @@ class RouterEngine:
     async def _iterate(self) -> None:
         """One step: schedule -> draft -> target -> postprocess (or wait for work)."""
         if not self._steps.is_open:  # first step, or the stream ended while idle
-            await self._check_target_instance()
+            await self._check_target()
         plan = self.scheduler.schedule()
         if plan.empty and not plan.draft_ops:
             self._wake.clear()
@@ -247,32 +248,48 @@ class RouterEngine:
     def _running_requests(self) -> list[Request]:
         return [r for r in self._requests if any(s.live for s in (r.parent, *r.choices) if s is not None)]
 
-    async def _check_target_instance(self) -> None:
-        """A target that restarted holds none of the sequences the router's view says it does
-        (recycled ones in the prefix cache, above all): drop that view before a step names them."""
+    async def _check_target(self) -> None:
+        """The step stream is (re)opening. A target that restarted holds none of the sequences
+        the router's view says it does (recycled ones in the prefix cache, above all), and counts
+        its steps from 0: drop that view and start afresh before a step names any of them."""
         try:
             info = await self.target.Info(engine_pb2.InfoRequest(), timeout=self.config.step_timeout_s)
-        except grpc.aio.AioRpcError:
-            return  # gone: the step fails and _reset_target waits for it
-        if info.instance_id == self.info.instance_id:
+        except grpc.aio.AioRpcError as e:
+            self._lose_target(Unavailable(f"target service unavailable: {e.details()}"))
+            await self._reset_target()
             return
-        log.warning("target service restarted (instance %s, was %s): the router's prefix cache is dropped",
-                    info.instance_id, self.info.instance_id)
-        self.info = dataclasses.replace(self.info, instance_id=info.instance_id)
+        if info.instance_id != self._target_instance:
+            self._lose_target(Unavailable("target service restarted"))
+            await self._reset_target()
+
+    def _note_instance(self, info: EngineInfo) -> None:
+        if info.instance_id == self._target_instance:
+            return
+        log.warning("target service restarted (instance %s, was %s): the router's prefix cache was dropped",
+                    info.instance_id, self._target_instance)
+        self._target_instance = info.instance_id
         self.counters.target_restarts += 1
+        if dataclasses.replace(info, instance_id="") != dataclasses.replace(self.info, instance_id=""):
+            log.error("the target came back with another model or limits (%s, was %s): the router's limits are "
+                      "stale; restart the router", info, self.info)
+
+    def _lose_target(self, error: TandemError) -> None:
         if self._running_requests():
-            self._fail_running(Unavailable("target service restarted"))
+            self._fail_running(error)
         else:
             self.scheduler.reset()
 
     async def _reset_target(self) -> None:
         """Until the target has dropped every sequence, nothing new is scheduled: a target that
-        stays down fails the requests that wait (UNAVAILABLE) rather than leaking them."""
+        stays down fails the requests that wait (UNAVAILABLE) rather than leaking them. Its
+        instance and last step are taken afresh: the draft waits for hidden states by the
+        target's step ids."""
         while True:
             try:
-                await self.target.Reset(engine_pb2.ResetRequest(), timeout=self.config.step_timeout_s)
+                stats = await self.target.Reset(engine_pb2.ResetRequest(), timeout=self.config.step_timeout_s)
                 info = await self.target.Info(engine_pb2.InfoRequest(), timeout=self.config.step_timeout_s)
-                self.info = dataclasses.replace(self.info, instance_id=info.instance_id)  # reset: nothing held
+                self._last_step = stats.last_step_id
+                self._note_instance(codec.info_from_pb(info))
                 return
             except grpc.aio.AioRpcError as e:
                 log.warning("target reset failed: %s; retrying", e.details())

@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from tandem.envvars import env_flag
+from tandem.envvars import check_flags, env_flag
 
 # OpenMP workers (torch's CPU build uses GNU libgomp) busy-wait after each parallel region:
 # 300,000 spins by default, milliseconds on these cores. The three services hand the CPU to
@@ -27,7 +27,7 @@ def _env(name: str, default):
     return type(default)(raw) if default is not None else raw
 
 
-def _env_flag(name: str) -> bool:
+def _env_flag(name: str):
     """A store_true flag's TANDEM_<NAME> fallback."""
     return env_flag(f"TANDEM_{name.upper()}")
 
@@ -389,6 +389,7 @@ def _train_parser(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    check_flags(args)
     from tandem.telemetry.logs import configure_logging
     from tandem.telemetry.tracing import service_name
 

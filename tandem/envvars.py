@@ -7,13 +7,32 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
 
-def env_flag(var: str) -> bool:
-    """A store_true flag's environment fallback. A value that is neither spelling of a boolean
-    stops the command naming the variable: silently reading `TANDEM_ENFORCE_EAGER=enabled` as
-    off would be worse."""
-    raw = os.environ.get(var, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
+class BadFlag:
+    """A boolean variable of another spelling: false, and reported only by the command that
+    reads it (every subcommand's defaults are made when the parser is built; a bad
+    TANDEM_TRAIN_QUICK must not stop `tandem health`)."""
+
+    def __init__(self, var: str, raw: str):
+        self.message = f"{var}={raw!r}: expected one of 1, true, yes, on or 0, false, no, off"
+
+    def __bool__(self) -> bool:
         return False
-    raise SystemExit(f"{var}={os.environ[var]!r}: expected one of 1, true, yes, on or 0, false, no, off")
+
+
+def env_flag(var: str) -> bool | BadFlag:
+    """A store_true flag's environment fallback (see check_flags)."""
+    raw = os.environ.get(var, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    return BadFlag(var, raw)
+
+
+def check_flags(args) -> None:
+    """Stops the command if one of its flags fell back to a badly spelt variable: silently
+    reading `TANDEM_ENFORCE_EAGER=enabled` as off would be worse."""
+    for value in vars(args).values():
+        if isinstance(value, BadFlag):
+            raise SystemExit(value.message)

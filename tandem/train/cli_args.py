@@ -25,7 +25,7 @@ def _env(name: str):
     return os.environ.get(f"TANDEM_TRAIN_{name.upper()}")
 
 
-def _env_flag(name: str) -> bool:
+def _env_flag(name: str):
     return env_flag(f"TANDEM_TRAIN_{name.upper()}")
 
 

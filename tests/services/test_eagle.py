@@ -164,7 +164,7 @@ def test_requests_that_lost_the_draft_speculate_again_once_it_is_back(tiny_model
         health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)  # up, not yet ready
         # The router's channel reconnects within its backoff cap; from then on its probes get
         # NOT_SERVING, and SERVING is seen within one probe (these requests last a second).
-        time.sleep(1.5 * MAX_RECONNECT_BACKOFF_MS / 1e3)
+        time.sleep(2.5 * MAX_RECONNECT_BACKOFF_MS / 1e3)  # the cap, 20% jitter, a slow machine
         params = greedy(max_tokens=400)
         calls = [s.stub.Generate(pb.GenerateRequest(prompt=p, params=params), timeout=120) for p in TINY_PROMPTS[:2]]
         firsts = [next(c) for c in calls]  # both run, plainly

@@ -129,10 +129,13 @@ def test_boolean_environment_variables_read_one_way(monkeypatch, raw, expected):
     assert build_parser().parse_args(["train-draft", "--method", "eagle"]).resume is expected
 
 
-def test_a_boolean_environment_variable_of_another_spelling_is_refused(monkeypatch):
+def test_a_boolean_environment_variable_of_another_spelling_stops_the_command_that_reads_it(monkeypatch):
+    from tandem.envvars import check_flags
+
     monkeypatch.setenv("TANDEM_ENFORCE_EAGER", "enabled")
     with pytest.raises(SystemExit, match="TANDEM_ENFORCE_EAGER='enabled': expected"):
-        build_parser().parse_args(["target"])
+        check_flags(build_parser().parse_args(["target"]))
+    check_flags(build_parser().parse_args(["health", "127.0.0.1:50051"]))  # it reads no such flag
 
 
 def test_the_drafts_lm_head_is_int8_on_cpu_unless_told(monkeypatch):

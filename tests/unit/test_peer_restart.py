@@ -5,23 +5,39 @@ from draft_service.peer_client import DraftPeer
 from tandem.peer import HiddenStep
 
 
-def test_a_new_stream_counts_steps_from_its_hello():
+def reconnect(peer: DraftPeer, instance: str, hello: int) -> None:
+    peer._connected = False  # the stream was lost
+    peer._begin_stream(instance)
+    peer._receive(HiddenStep(hello, ()))
+
+
+def test_a_restarted_target_is_waited_for_from_its_hello():
     """A restarted target (and router) count from 0 again: the draft must wait for their steps,
-    not take them as long past (a draft would then overtake the hidden states it needs)."""
+    not take them as long past (it would overtake the hidden states it drafts from)."""
     peer = DraftPeer("127.0.0.1:1")
+    peer._begin_stream("a")
     peer._receive(HiddenStep(100, ()))
     assert peer.wait_step(100, 0)
-    peer._connected = False  # the stream was lost
-    peer._receive(HiddenStep(0, ()))  # the new target's hello
+    reconnect(peer, "b", 0)
     assert not peer.wait_step(1, 0)
     peer._receive(HiddenStep(1, ()))
     assert peer.wait_step(1, 0)
 
 
+def test_a_stream_to_the_same_target_never_counts_backwards():
+    """Its hello may name the step before the last one streamed (the target sends a step's
+    hidden states before it records the step as its last)."""
+    peer = DraftPeer("127.0.0.1:1")
+    peer._begin_stream("a")
+    peer._receive(HiddenStep(100, ()))
+    reconnect(peer, "a", 99)
+    assert peer.wait_step(100, 0)
+
+
 def test_the_peer_says_when_its_stream_opens():
     peer = DraftPeer("127.0.0.1:1")
     seen = []
-    peer.on_connected = seen.append
+    peer.on_connected = lambda: seen.append(peer.connected)
     peer._receive(HiddenStep(3, ()))
     peer._receive(HiddenStep(4, ()))
-    assert seen == [True] and peer.connected
+    assert seen == [True]
