@@ -152,6 +152,8 @@ class Scheduler:
         self._draft_back = True
 
     def _respeculate(self) -> None:
+        if 0 < self.limits.spec_disable_batch_size <= len(self.running):
+            return  # drafting would pause at this batch size: a re-prefill would buy nothing now
         for seq in reversed(self.running + self.forking):  # the oldest ends up first in line
             if self._worth_respeculating(seq):
                 self._requeue(seq)

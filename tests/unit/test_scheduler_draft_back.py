@@ -85,3 +85,13 @@ def test_a_sequence_re_prefills_for_a_returning_draft_once_at_most():
     step(sched)
     assert seq.num_prefilled == 16 and not seq.draft_live and sched.respeculated_total == 1
     assert seq.output_ids == [FIRST]
+
+
+def test_no_re_prefill_while_the_batch_is_too_large_to_draft():
+    sched = Scheduler(limits(spec_draft_length=1, spec_disable_batch_size=2), speculating)
+    a, b = (submit(sched, tag, 4, max_tokens=64).choices[0] for tag in (1, 2))
+    step(sched)
+    lose_the_draft(sched)
+    sched.draft_back()
+    plan = step(sched)
+    assert plan.ops == () and not (a.draft_live or b.draft_live) and sched.respeculated_total == 0
