@@ -73,7 +73,8 @@ class RouterEngine:
                                      speculator.max_draft_tokens if speculator else 0)
         self.speculator = speculator
         budget = (lambda: max(self.limits.spec_draft_length, speculator.max_draft_tokens)) if speculator else None
-        self.scheduler = Scheduler(self.limits, speculator.wants if speculator else None, budget)
+        self.scheduler = Scheduler(self.limits, speculator.wants if speculator else None, budget,
+                                   (lambda: speculator.max_sequences) if speculator else None)
         if speculator:
             speculator.on_down = self.scheduler.draft_lost
             speculator.on_up = self.scheduler.draft_back

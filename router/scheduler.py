@@ -53,9 +53,13 @@ class Scheduler:
     the draft's KV (lagging the target's by one token)."""
 
     def __init__(self, limits: EngineLimits, speculates: Callable[[Sequence], bool] | None = None,
-                 draft_budget: Callable[[], int] | None = None):
+                 draft_budget: Callable[[], int] | None = None, draft_capacity: Callable[[], int] | None = None):
         self.limits = limits
         self.speculates = speculates
+        # Sequences the draft service takes (its max_num_sequence as it last said; 0: unknown).
+        # The limits count it when the draft was up at start; one that came back smaller, or
+        # later, would fail whole draft calls on the sequence past it: those run plainly instead.
+        self.draft_capacity = draft_capacity or (lambda: 0)
         # Draft tokens (tree nodes) a verify may carry: what the draft service says now (it may
         # come back with another shape), else the limits'.
         self.draft_budget = draft_budget or (lambda: limits.drafts_per_verify)
@@ -360,9 +364,9 @@ class Scheduler:
             while request.unactivated and self._has_slot(room, 1, pages=1):
                 child = request.unactivated.pop(0)
                 child.seq_id = self.new_seq_id()
-                child.draft_live = parent.draft_live
-                self._send(self.kv.fork_child(child.seq_id, parent.seq_id, child.sampler, parent.draft_live),
-                           speculates=parent.draft_live)
+                child.draft_live = parent.draft_live and self._draft_has_room()
+                self._send(self.kv.fork_child(child.seq_id, parent.seq_id, child.sampler, child.draft_live),
+                           speculates=child.draft_live)
                 child.num_prefilled = len(child.input_ids) - 1
                 child.live = True
                 self.running.append(child)
@@ -375,7 +379,7 @@ class Scheduler:
     def _admit(self, room: "_Room", entries: list, seqs: list) -> None:
         while self.waiting and self._admissible(self.waiting[0], room):
             seq = self.waiting.popleft()
-            speculate = bool(self.speculates and self.speculates(seq))
+            speculate = bool(self.speculates and self.speculates(seq)) and self._draft_has_room()
             mirrors = self.draft_held.__contains__ if speculate else None
             tokens = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
             ops, seq.num_prefilled = self.kv.add_root(
@@ -393,6 +397,10 @@ class Scheduler:
                 self.running.remove(seq)
                 self.forking.append(seq)
 
+
+    def _draft_has_room(self) -> bool:
+        capacity = self.draft_capacity()
+        return not capacity or len(self.draft_held) < capacity
 
     def _admissible(self, seq: Sequence, room: "_Room") -> bool:
         """A parent comes in only with room for a child beside it, and while no other parent

@@ -95,3 +95,20 @@ def test_no_re_prefill_while_the_batch_is_too_large_to_draft():
     sched.draft_back()
     plan = step(sched)
     assert plan.ops == () and not (a.draft_live or b.draft_live) and sched.respeculated_total == 0
+
+
+def test_sequences_past_the_drafts_own_capacity_run_plainly():
+    """A draft that came back with a smaller --max-num-sequence than the limits were resolved
+    with (or after a router that started without it) would fail whole draft calls."""
+    capacity = [2]
+    sched = Scheduler(limits(spec_draft_length=1, max_num_sequence=16), speculating, draft_capacity=lambda: capacity[0])
+    a, b, c = (submit(sched, tag, 4, max_tokens=8).choices[0] for tag in (1, 2, 3))
+    plan = step(sched)
+    assert [s.draft_live for s in (a, b, c)] == [True, True, False] and len(plan.draft_ops) == 2
+    request = submit(sched, 4, 5, n=2, max_tokens=8)
+    capacity[0] = 3
+    step(sched)
+    assert request.parent.draft_live and len(sched.draft_held) == 3  # the last place
+    step(sched)
+    assert [s.live and not s.draft_live for s in request.choices] == [True, True]
+    assert len(sched.draft_held) == 2  # the parent went once both children had forked
