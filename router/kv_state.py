@@ -121,7 +121,8 @@ class KvState:
         return evicted
 
     def recycled_ids(self) -> list[int]:
-        return [s for s in self.pages.seq_ids() if self.cache.is_recycled(s)]
+        """Least recently recycled first (the order evictions take)."""
+        return self.cache.recycled_ids()
 
     def reset(self) -> None:
         """The target dropped everything."""

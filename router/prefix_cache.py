@@ -370,6 +370,9 @@ class PrefixCache:
     def is_recycled(self, seq_id: int) -> bool:
         return seq_id in self._recycled
 
+    def recycled_ids(self) -> list[int]:
+        return list(self._recycled)
+
     def num_recycled(self) -> int:
         return len(self._recycled)
 

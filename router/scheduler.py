@@ -146,6 +146,7 @@ class Scheduler:
         """The draft service failed: it holds nothing any more (it is reset when back)."""
         self.draft_held.clear()
         self._draft_ops.clear()
+        self._draft_back = False
         for seq in self.running + self.forking:
             seq.draft_live = False
 
@@ -156,13 +157,21 @@ class Scheduler:
         self._draft_back = True
 
     def _respeculate(self) -> None:
-        if 0 < self.limits.spec_disable_batch_size <= len(self.running):
-            return  # drafting would pause at this batch size: a re-prefill would buy nothing now
-        for seq in reversed(self.running + self.forking):  # the oldest ends up first in line
-            if self._worth_respeculating(seq):
-                self._requeue(seq)
-                seq.respeculated = True
-                self.respeculated_total += 1
+        """Requeues the sequences worth it, oldest first, as many as the draft takes; while the
+        batch is too large to draft (a re-prefill would buy nothing) it waits for a later step."""
+        decoding = [s for s in self.running if not s.is_parent]
+        if 0 < self.limits.spec_disable_batch_size <= len(decoding):
+            return
+        self._draft_back = False
+        chosen: list[Sequence] = []
+        for seq in self.running + self.forking:
+            places = sum(2 if s.is_parent else 1 for s in chosen) + (2 if seq.is_parent else 1)
+            if self._worth_respeculating(seq) and self._draft_room(places):
+                chosen.append(seq)
+        for seq in reversed(chosen):  # appended to the left: the oldest ends up first in line
+            self._requeue(seq)
+            seq.respeculated = True
+            self.respeculated_total += 1
 
     def _worth_respeculating(self, seq: Sequence) -> bool:
         """Once a sequence at most: a draft that fails again right after (its peer stream to
@@ -205,7 +214,6 @@ class Scheduler:
         seqs: list[Sequence] = []
         self._draft_allow.clear()
         if self._draft_back:
-            self._draft_back = False
             self._respeculate()
         reserved = self._reserve_decodes()
         for seq in self.running:
@@ -364,7 +372,7 @@ class Scheduler:
             while request.unactivated and self._has_slot(room, 1, pages=1):
                 child = request.unactivated.pop(0)
                 child.seq_id = self.new_seq_id()
-                child.draft_live = parent.draft_live and self._draft_has_room()
+                child.draft_live = parent.draft_live and self._draft_room()
                 self._send(self.kv.fork_child(child.seq_id, parent.seq_id, child.sampler, child.draft_live),
                            speculates=child.draft_live)
                 child.num_prefilled = len(child.input_ids) - 1
@@ -379,7 +387,7 @@ class Scheduler:
     def _admit(self, room: "_Room", entries: list, seqs: list) -> None:
         while self.waiting and self._admissible(self.waiting[0], room):
             seq = self.waiting.popleft()
-            speculate = bool(self.speculates and self.speculates(seq)) and self._draft_has_room()
+            speculate = bool(self.speculates and self.speculates(seq)) and self._draft_room(2 if seq.is_parent else 1)
             mirrors = self.draft_held.__contains__ if speculate else None
             tokens = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
             ops, seq.num_prefilled = self.kv.add_root(
@@ -398,9 +406,20 @@ class Scheduler:
                 self.forking.append(seq)
 
 
-    def _draft_has_room(self) -> bool:
+    def _draft_room(self, places: int = 1) -> bool:
+        """The draft takes `places` more sequences (a parent needs 2: it and its first child),
+        once recycled ones it holds are dropped from it, least recently recycled first (the
+        target keeps them for plain requests' prefix matches)."""
         capacity = self.draft_capacity()
-        return not capacity or len(self.draft_held) < capacity
+        if not capacity:
+            return True
+        for seq_id in self.kv.recycled_ids():
+            if len(self.draft_held) + places <= capacity:
+                break
+            if seq_id in self.draft_held:
+                self.draft_held.discard(seq_id)
+                self._draft_ops.append(RemoveSequence(seq_id))
+        return len(self.draft_held) + places <= capacity
 
     def _admissible(self, seq: Sequence, room: "_Room") -> bool:
         """A parent comes in only with room for a child beside it, and while no other parent

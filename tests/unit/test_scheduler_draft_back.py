@@ -87,7 +87,7 @@ def test_a_sequence_re_prefills_for_a_returning_draft_once_at_most():
     assert seq.output_ids == [FIRST]
 
 
-def test_no_re_prefill_while_the_batch_is_too_large_to_draft():
+def test_re_prefills_wait_while_the_batch_is_too_large_to_draft():
     sched = Scheduler(limits(spec_draft_length=1, spec_disable_batch_size=2), speculating)
     a, b = (submit(sched, tag, 4, max_tokens=64).choices[0] for tag in (1, 2))
     step(sched)
@@ -95,20 +95,66 @@ def test_no_re_prefill_while_the_batch_is_too_large_to_draft():
     sched.draft_back()
     plan = step(sched)
     assert plan.ops == () and not (a.draft_live or b.draft_live) and sched.respeculated_total == 0
+    a.finish_reason = FinishReason.STOP
+    sched.finish(a)
+    step(sched)  # b decodes alone now: drafting would not pause, so it re-prefills
+    assert b.draft_live and sched.respeculated_total == 1
+
+
+def draft_model(capacity: int):
+    """The draft service's own count: it refuses a sequence past its max_num_sequence."""
+    held: set[int] = set()
+
+    def apply(plan) -> None:
+        for op in plan.draft_ops:
+            if isinstance(op, RemoveSequence):
+                held.discard(op.seq_id)
+            else:
+                assert len(held) < capacity, "the draft was sent more sequences than it takes"
+                held.add(op.seq_id)
+    return apply
 
 
 def test_sequences_past_the_drafts_own_capacity_run_plainly():
     """A draft that came back with a smaller --max-num-sequence than the limits were resolved
-    with (or after a router that started without it) would fail whole draft calls."""
+    with (or found after a router that started without it) would fail whole draft calls."""
     capacity = [2]
     sched = Scheduler(limits(spec_draft_length=1, max_num_sequence=16), speculating, draft_capacity=lambda: capacity[0])
+    draft = draft_model(3)
     a, b, c = (submit(sched, tag, 4, max_tokens=8).choices[0] for tag in (1, 2, 3))
-    plan = step(sched)
-    assert [s.draft_live for s in (a, b, c)] == [True, True, False] and len(plan.draft_ops) == 2
-    request = submit(sched, 4, 5, n=2, max_tokens=8)
+    draft(step(sched))
+    assert [s.draft_live for s in (a, b, c)] == [True, True, False]
     capacity[0] = 3
+    request = submit(sched, 4, 5, n=2, max_tokens=8)
+    draft(step(sched))
+    assert not request.parent.draft_live  # a parent needs two places: itself and a child
+    for _ in range(8):
+        draft(step(sched))
+
+
+def test_recycled_sequences_leave_the_draft_to_make_room():
+    """They would otherwise fill its capacity for good (evictions follow the target's limits)."""
+    sched = Scheduler(limits(spec_draft_length=1, max_num_sequence=16), speculating, draft_capacity=lambda: 2)
+    draft = draft_model(2)
+    for tag in (1, 2):
+        seq = submit(sched, tag, 4, max_tokens=8).choices[0]
+        draft(step(sched))
+        seq.finish_reason = FinishReason.STOP
+        sched.finish(seq)
+    assert sched.kv.recycled_ids() == [1, 2] and sched.draft_held == {1, 2}
+    seq = submit(sched, 3, 4, max_tokens=8).choices[0]
+    plan = step(sched)
+    draft(plan)
+    assert seq.draft_live and plan.draft_ops[0] == RemoveSequence(1)  # the least recently recycled
+    assert sched.kv.recycled_ids() == [1, 2]  # the target keeps both for prefix matches
+
+
+def test_re_prefills_take_no_more_places_than_the_draft_has():
+    sched = Scheduler(limits(spec_draft_length=1, max_num_sequence=16), speculating, draft_capacity=lambda: 1)
+    a, b = (submit(sched, tag, 4, max_tokens=64).choices[0] for tag in (1, 2))
     step(sched)
-    assert request.parent.draft_live and len(sched.draft_held) == 3  # the last place
+    assert a.draft_live and not b.draft_live
+    lose_the_draft(sched)
+    sched.draft_back()
     step(sched)
-    assert [s.live and not s.draft_live for s in request.choices] == [True, True]
-    assert len(sched.draft_held) == 2  # the parent went once both children had forked
+    assert a.draft_live and not b.draft_live and not b.respeculated and sched.respeculated_total == 1
