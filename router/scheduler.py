@@ -405,13 +405,12 @@ class Scheduler:
                 self.running.remove(seq)
                 self.forking.append(seq)
 
-
     def _draft_room(self, places: int = 1) -> bool:
         """The draft takes `places` more sequences (a parent needs 2: it and its first child),
         once recycled ones it holds are dropped from it, least recently recycled first (the
         target keeps them for plain requests' prefix matches)."""
         capacity = self.draft_capacity()
-        if not capacity:
+        if not capacity or len(self.draft_held) + places <= capacity:
             return True
         for seq_id in self.kv.recycled_ids():
             if len(self.draft_held) + places <= capacity:
