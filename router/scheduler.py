@@ -412,13 +412,14 @@ class Scheduler:
         capacity = self.draft_capacity()
         if not capacity or len(self.draft_held) + places <= capacity:
             return True
-        for seq_id in self.kv.recycled_ids():
-            if len(self.draft_held) + places <= capacity:
-                break
-            if seq_id in self.draft_held:
-                self.draft_held.discard(seq_id)
-                self._draft_ops.append(RemoveSequence(seq_id))
-        return len(self.draft_held) + places <= capacity
+        droppable = [s for s in self.kv.recycled_ids() if s in self.draft_held]
+        excess = len(self.draft_held) + places - capacity
+        if excess > len(droppable):
+            return False  # dropping them all would not do: keep their matches
+        for seq_id in droppable[:excess]:
+            self.draft_held.discard(seq_id)
+            self._draft_ops.append(RemoveSequence(seq_id))
+        return True
 
     def _admissible(self, seq: Sequence, room: "_Room") -> bool:
         """A parent comes in only with room for a child beside it, and while no other parent

@@ -3,7 +3,7 @@ again, where that is worth a prefill and changes no output."""
 
 from router.request import FinishReason
 from router.scheduler import RESPECULATE_MIN_TOKENS_LEFT, Scheduler
-from tandem.ops import AddSequence, RemoveSequence
+from tandem.ops import AddSequence, ForkSequence, RemoveSequence
 from tandem.sampling.params import SamplingParams
 from tests.unit.test_scheduler import (FIRST, GREEDY, SEEDED, decode, limits, prefill, prompt, run, speculating,
                                        step, submit)
@@ -108,10 +108,13 @@ def draft_model(capacity: int):
     def apply(plan) -> None:
         for op in plan.draft_ops:
             if isinstance(op, RemoveSequence):
+                assert op.seq_id in held, "the draft was told to remove a sequence it does not hold"
                 held.discard(op.seq_id)
-            else:
-                assert len(held) < capacity, "the draft was sent more sequences than it takes"
-                held.add(op.seq_id)
+                continue
+            if isinstance(op, ForkSequence):
+                assert op.parent_id in held, "the draft was told to fork a sequence it does not hold"
+            assert len(held) < capacity, "the draft was sent more sequences than it takes"
+            held.add(op.seq_id)
     return apply
 
 
@@ -158,3 +161,26 @@ def test_re_prefills_take_no_more_places_than_the_draft_has():
     sched.draft_back()
     step(sched)
     assert a.draft_live and not b.draft_live and not b.respeculated and sched.respeculated_total == 1
+
+
+def test_a_dropped_recycled_sequence_is_matched_only_by_plain_requests_and_nothing_is_dropped_in_vain():
+    sched = Scheduler(limits(spec_draft_length=1, max_num_sequence=16), speculating, draft_capacity=lambda: 2)
+    draft = draft_model(2)
+    first = submit(sched, 1, 8, max_tokens=8).choices[0]
+    draft(step(sched))
+    first.finish_reason = FinishReason.STOP
+    sched.finish(first)
+    live = submit(sched, 2, 4, max_tokens=64).choices[0]
+    draft(step(sched))
+    assert sched.draft_held == {1, live.seq_id}
+    request = submit(sched, 3, 5, n=2, max_tokens=8)  # a parent needs 2 places: 1 can be freed
+    plan = step(sched)
+    draft(plan)
+    assert not request.parent.draft_live and RemoveSequence(1) not in plan.draft_ops  # kept: in vain
+    same = submit(sched, 4, 8, max_tokens=8, same_as=1).choices[0]  # matches recycled 1
+    plan = step(sched)
+    draft(plan)
+    assert same.draft_live and plan.draft_ops[0] == RemoveSequence(1)
+    assert not any(isinstance(op, ForkSequence) and op.parent_id == 1 for op in plan.draft_ops)
+    for _ in range(12):  # evictions and finishes never send the draft a removal it cannot take
+        draft(step(sched))
