@@ -35,7 +35,7 @@ class CallStream:
     async def call(self, request):
         """The response; raises Unavailable when the service is gone or too slow, a
         TandemError with the service's status when it failed this request."""
-        if self._call is None or self._call.done():  # first call, or the stream ended while idle
+        if not self.is_open:  # first call, or the stream ended while idle
             self._call = self.open_stream()
         call = self._call
         number = getattr(request, self.id_field)

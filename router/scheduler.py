@@ -164,10 +164,12 @@ class Scheduler:
             return
         self._draft_back = False
         chosen: list[Sequence] = []
+        taken = 0  # draft places the chosen will take (a parent 2: it and a child)
         for seq in self.running + self.forking:
-            places = sum(2 if s.is_parent else 1 for s in chosen) + (2 if seq.is_parent else 1)
-            if self._worth_respeculating(seq) and self._draft_room(places):
+            places = 2 if seq.is_parent else 1
+            if self._worth_respeculating(seq) and self._draft_room(taken + places):
                 chosen.append(seq)
+                taken += places
         for seq in reversed(chosen):  # appended to the left: the oldest ends up first in line
             self._requeue(seq)
             seq.respeculated = True
