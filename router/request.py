@@ -73,7 +73,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     live: bool = False  # the target holds a sequence for it
     draft_live: bool = False  # the draft service holds one too: it speculates
-    respeculated: bool = False  # re-prefilled once for a draft that came back (never twice)
+    respeculated: bool = False  # re-prefilled once to speculate (never twice)
+    draft_denied: bool = False  # the draft was full when it came in: it takes a place that frees
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
     verify_steps: int = 0

@@ -73,7 +73,7 @@ class Scheduler:
         self.forking: list[Sequence] = []  # prefilled parents with children left to fork
         self.preempted_total = 0
         self.respeculated_total = 0  # sequences re-prefilled to speculate again (draft_back)
-        self._draft_back = False
+        self._respeculate_due = False  # draft_back, or a draft place freed (_draft_place_freed)
         self.cached_tokens_total = 0  # input tokens the prefix cache saved, resumed sequences included
         self._ops: list[SequenceOp] = []
         self._draft_ops: list[SequenceOp] = []
@@ -111,6 +111,7 @@ class Scheduler:
             if seq.live:
                 self._send(self.kv.remove(seq.seq_id))
                 seq.live = False
+            self._draft_place_freed(seq)
 
     def finish(self, seq: Sequence) -> None:
         """A choice finished (stop or length): its sequence is recycled into the prefix cache."""
@@ -118,6 +119,7 @@ class Scheduler:
         if seq.live:
             self._send(self.kv.recycle(seq.seq_id))
             seq.live = False
+        self._draft_place_freed(seq)
 
     def has_pending_ops(self) -> bool:
         return bool(self._ops)
@@ -146,7 +148,7 @@ class Scheduler:
         """The draft service failed: it holds nothing any more (it is reset when back)."""
         self.draft_held.clear()
         self._draft_ops.clear()
-        self._draft_back = False
+        self._respeculate_due = False
         for seq in self.running + self.forking:
             seq.draft_live = False
 
@@ -154,7 +156,13 @@ class Scheduler:
         """The draft service is healthy again (reset, holding nothing). Sequences that lost it
         re-prefill at the next step to speculate again: the draft rebuilds a sequence's context
         only from the target's hidden states at every position, which a prefill makes."""
-        self._draft_back = True
+        self._respeculate_due = True
+
+    def _draft_place_freed(self, seq: Sequence) -> None:
+        """A speculating sequence ended (recycled, its draft place can be taken back): sequences
+        the full draft turned away re-prefill to speculate, as for a draft that came back."""
+        if seq.draft_live and any(s.draft_denied for s in self.running + self.forking):
+            self._respeculate_due = True
 
     def _respeculate(self) -> None:
         """Requeues the sequences worth it, oldest first, as many as the draft takes; while the
@@ -162,14 +170,18 @@ class Scheduler:
         decoding = [s for s in self.running if not s.is_parent]
         if 0 < self.limits.spec_disable_batch_size <= len(decoding):
             return
-        self._draft_back = False
+        self._respeculate_due = False
         chosen: list[Sequence] = []
         taken = 0  # draft places the chosen will take (a parent 2: it and a child)
         for seq in self.running + self.forking:
             places = 2 if seq.is_parent else 1
-            if self._worth_respeculating(seq) and self._draft_room(taken + places):
+            if not self._worth_respeculating(seq):
+                continue
+            if self._draft_room(taken + places):
                 chosen.append(seq)
                 taken += places
+            else:
+                seq.draft_denied = True  # it waits for a place to free
         for seq in reversed(chosen):  # appended to the left: the oldest ends up first in line
             self._requeue(seq)
             seq.respeculated = True
@@ -215,7 +227,7 @@ class Scheduler:
         entries: list[StepEntry] = []
         seqs: list[Sequence] = []
         self._draft_allow.clear()
-        if self._draft_back:
+        if self._respeculate_due:
             self._respeculate()
         reserved = self._reserve_decodes()
         for seq in self.running:
@@ -375,6 +387,7 @@ class Scheduler:
                 child = request.unactivated.pop(0)
                 child.seq_id = self.new_seq_id()
                 child.draft_live = parent.draft_live and self._draft_room()
+                child.draft_denied = parent.draft_live and not child.draft_live
                 self._send(self.kv.fork_child(child.seq_id, parent.seq_id, child.sampler, child.draft_live),
                            speculates=child.draft_live)
                 child.num_prefilled = len(child.input_ids) - 1
@@ -389,7 +402,9 @@ class Scheduler:
     def _admit(self, room: "_Room", entries: list, seqs: list) -> None:
         while self.waiting and self._admissible(self.waiting[0], room):
             seq = self.waiting.popleft()
-            speculate = bool(self.speculates and self.speculates(seq)) and self._draft_room(2 if seq.is_parent else 1)
+            wants = bool(self.speculates and self.speculates(seq))
+            speculate = wants and self._draft_room(2 if seq.is_parent else 1)
+            seq.draft_denied = wants and not speculate
             mirrors = self.draft_held.__contains__ if speculate else None
             tokens = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
             ops, seq.num_prefilled = self.kv.add_root(

@@ -184,3 +184,25 @@ def test_a_dropped_recycled_sequence_is_matched_only_by_plain_requests_and_nothi
     assert not any(isinstance(op, ForkSequence) and op.parent_id == 1 for op in plan.draft_ops)
     for _ in range(12):  # evictions and finishes never send the draft a removal it cannot take
         draft(step(sched))
+
+
+def test_a_sequence_the_full_draft_turned_away_speculates_once_a_place_frees():
+    sched = Scheduler(limits(spec_draft_length=1, max_num_sequence=16), speculating, draft_capacity=lambda: 1)
+    draft = draft_model(1)
+    a, b = (submit(sched, tag, 4, max_tokens=64).choices[0] for tag in (1, 2))
+    short = submit(sched, 3, 4, max_tokens=RESPECULATE_MIN_TOKENS_LEFT).choices[0]
+    draft(step(sched))
+    assert a.draft_live and not (b.draft_live or short.draft_live) and b.draft_denied
+    for _ in range(3):
+        draft(step(sched))
+    assert not b.draft_live  # no place has freed
+    a.finish_reason = FinishReason.STOP
+    sched.finish(a)
+    plan = run(sched, sched.schedule())
+    draft(plan)
+    outputs = b.output_ids[:-1]
+    assert plan.draft_ops[0] == RemoveSequence(1)  # a, recycled: its place goes to b
+    assert plan.entries == (decode(short.seq_id, short.output_ids[-2]), prefill(b.seq_id, prompt(2, 4) + tuple(outputs), True))
+    assert b.draft_live and sched.respeculated_total == 1 and not short.draft_live  # short: too few tokens left
+    for _ in range(8):
+        draft(step(sched))
