@@ -17,20 +17,15 @@ recycled sequences), free pages and `max_total_sequence_length`.
 import itertools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from router.draft_mirror import DraftMirror, worth_respeculating
 from router.kv_state import KvState
 from router.limits import EngineLimits
 from router.request import Request, Sequence
 from tandem.errors import ResourceExhausted
 from tandem.kv.pages import pages_for
-from tandem.ops import EntryKind, EntryResult, ForkSequence, RemoveSequence, SequenceOp, StepEntry
-
-# A sequence re-prefills to speculate again (the draft came back) only with this many tokens
-# left to emit, and a quarter of its context: the re-prefill costs about its context in prefill
-# tokens (10x cheaper than decode steps on CPU, 100x on GPUs), drafting saves 20-50% of each
-# decode step still to come.
-RESPECULATE_MIN_TOKENS_LEFT = 32
+from tandem.ops import EntryKind, EntryResult, SequenceOp, StepEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,24 +43,21 @@ class StepPlan:
 
 class Scheduler:
     """`speculates(seq)`: would a new root speculate now (a draft service is up and the request
-    allows it). The draft holds a sequence for each sequence that speculates, and keeps the
-    recycled ones too: only those may be matched by a speculating root, as only they carry
-    the draft's KV (lagging the target's by one token)."""
+    allows it). `draft` mirrors the draft service's sequences (see router/draft_mirror.py)."""
 
     def __init__(self, limits: EngineLimits, speculates: Callable[[Sequence], bool] | None = None,
                  draft_budget: Callable[[], int] | None = None, draft_capacity: Callable[[], int] | None = None):
         self.limits = limits
         self.speculates = speculates
-        # Sequences the draft service takes (its max_num_sequence as it last said; 0: unknown).
-        # The limits count it when the draft was up at start; one that came back smaller, or
-        # later, would fail whole draft calls on the sequence past it: those run plainly instead.
-        self.draft_capacity = draft_capacity or (lambda: 0)
+        # The draft's capacity: the limits count it when the draft was up at start; one that came
+        # back smaller, or later, would fail whole draft calls on the sequence past it: those run
+        # plainly instead, until a place frees.
+        self.draft = DraftMirror(draft_capacity or (lambda: 0))
         # Draft tokens (tree nodes) a verify may carry: what the draft service says now (it may
         # come back with another shape), else the limits'.
         self.draft_budget = draft_budget or (lambda: limits.drafts_per_verify)
         self._draft_allow: dict[int, int] = {}  # this step's drafts, where fewer than the budget fit
         self._drafts_paused = False  # this step's: see StepPlan.drafts_paused
-        self.draft_held: set[int] = set()
         self.kv = KvState(limits.kv_pages_total, limits.kv_page_size, limits.max_held_sequences,
                           limits.prefix_cache_max_num_recycling_seqs, limits.sliding_window)
         self.waiting: deque[Sequence] = deque()  # roots, in admission order
@@ -76,7 +68,6 @@ class Scheduler:
         self._respeculate_due = False  # draft_back, or a draft place freed (_draft_place_freed)
         self.cached_tokens_total = 0  # input tokens the prefix cache saved, resumed sequences included
         self._ops: list[SequenceOp] = []
-        self._draft_ops: list[SequenceOp] = []
         self._seq_ids = itertools.count(1)
 
     def new_seq_id(self) -> int:
@@ -134,20 +125,16 @@ class Scheduler:
         drops what it held."""
         self.kv.reset()
         self._ops.clear()
-        self._draft_ops += [RemoveSequence(s) for s in sorted(self.draft_held)]
-        self.draft_held.clear()
+        self.draft.reset()
 
     def stop_speculating(self, seq: Sequence) -> None:
         """The draft cannot serve this sequence any more: it decodes plainly from now on."""
         seq.draft_live = False
-        if seq.seq_id in self.draft_held:
-            self.draft_held.discard(seq.seq_id)
-            self._draft_ops.append(RemoveSequence(seq.seq_id))
+        self.draft.drop(seq.seq_id)
 
     def draft_lost(self) -> None:
         """The draft service failed: it holds nothing any more (it is reset when back)."""
-        self.draft_held.clear()
-        self._draft_ops.clear()
+        self.draft.lost()
         self._respeculate_due = False
         for seq in self.running + self.forking:
             seq.draft_live = False
@@ -175,7 +162,7 @@ class Scheduler:
         taken = 0  # draft places the chosen will take (a parent 2: it and a child)
         for seq in self.running + self.forking:
             places = 2 if seq.is_parent else 1
-            if not self._worth_respeculating(seq):
+            if not worth_respeculating(seq, self.speculates):
                 continue
             if self._draft_room(taken + places):
                 chosen.append(seq)
@@ -187,33 +174,10 @@ class Scheduler:
             seq.respeculated = True
             self.respeculated_total += 1
 
-    def _worth_respeculating(self, seq: Sequence) -> bool:
-        """Once a sequence at most: a draft that fails again right after (its peer stream to
-        the target down, say) must not restart a long prefill at every recovery."""
-        if seq.draft_live or seq.respeculated or not (self.speculates and self.speculates(seq)):
-            return False
-        if seq.is_parent:  # it samples nothing itself; its children fork from it speculating
-            return bool(seq.request.unactivated)
-        if seq.sampler.seed is not None and not seq.sampler.greedy:
-            return False  # a resumed sequence draws from a fresh stream of its seed
-        left = seq.spec.max_tokens - len(seq.output_ids)
-        context = len(seq.spec.prompt_ids) + len(seq.output_ids)
-        return left >= max(RESPECULATE_MIN_TOKENS_LEFT, context // 4)
-
     def _send(self, ops: list[SequenceOp], speculates: bool = False) -> None:
-        """Queues ops for the target, and their mirror for the draft: new sequences that
-        speculate (a child forks one position earlier there) and removals of what it holds."""
+        """Queues ops for the target, and their mirror for the draft."""
         self._ops += ops
-        for op in ops:
-            if isinstance(op, RemoveSequence):
-                if op.seq_id in self.draft_held:
-                    self.draft_held.discard(op.seq_id)
-                    self._draft_ops.append(op)
-            elif speculates:
-                if isinstance(op, ForkSequence) and op.draft_position is not None:
-                    op = replace(op, position=op.draft_position, draft_position=None)
-                self.draft_held.add(op.seq_id)
-                self._draft_ops.append(op)
+        self.draft.mirror(ops, speculates)
 
     def _drop(self, seq: Sequence) -> None:
         if seq in self.running:
@@ -242,8 +206,7 @@ class Scheduler:
         self._activate_children(room, entries, seqs)
         self._admit(room, entries, seqs)
         ops, self._ops = tuple(self._ops), []
-        draft_ops, self._draft_ops = tuple(self._draft_ops), []
-        return StepPlan(ops, tuple(entries), tuple(seqs), draft_ops, self._drafts_paused)
+        return StepPlan(ops, tuple(entries), tuple(seqs), self.draft.take_ops(), self._drafts_paused)
 
     def commit(self, plan: StepPlan) -> None:
         """The plan as sent (drafts included): its tokens take KV slots. A sequence cancelled
@@ -405,7 +368,7 @@ class Scheduler:
             wants = bool(self.speculates and self.speculates(seq))
             speculate = wants and self._draft_room(2 if seq.is_parent else 1)
             seq.draft_denied = wants and not speculate
-            mirrors = self.draft_held.__contains__ if speculate else None
+            mirrors = self.draft.held.__contains__ if speculate else None
             tokens = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
             ops, seq.num_prefilled = self.kv.add_root(
                 seq.seq_id, tokens, seq.sampler, draft_lags=speculate, is_parent=seq.is_parent, eligible=mirrors,
@@ -423,20 +386,8 @@ class Scheduler:
                 self.forking.append(seq)
 
     def _draft_room(self, places: int = 1) -> bool:
-        """The draft takes `places` more sequences (a parent needs 2: it and its first child),
-        once recycled ones it holds are dropped from it, least recently recycled first (the
-        target keeps them for plain requests' prefix matches)."""
-        capacity = self.draft_capacity()
-        if not capacity or len(self.draft_held) + places <= capacity:
-            return True
-        droppable = [s for s in self.kv.recycled_ids() if s in self.draft_held]
-        excess = len(self.draft_held) + places - capacity
-        if excess > len(droppable):
-            return False  # dropping them all would not do: keep their matches
-        for seq_id in droppable[:excess]:
-            self.draft_held.discard(seq_id)
-            self._draft_ops.append(RemoveSequence(seq_id))
-        return True
+        """The draft takes `places` more sequences (a parent needs 2: it and its first child)."""
+        return self.draft.room(places, self.kv.recycled_ids())
 
     def _admissible(self, seq: Sequence, room: "_Room") -> bool:
         """A parent comes in only with room for a child beside it, and while no other parent

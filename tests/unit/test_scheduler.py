@@ -559,7 +559,7 @@ def test_release_of_a_tree_removes_the_parent_and_the_activated_children():
     removes = (RemoveSequence(1), RemoveSequence(2), RemoveSequence(3))
     assert plan == StepPlan(ops=removes, entries=(), seqs=(), draft_ops=removes)
     assert request.unactivated == [] and sched.forking == [] and sched.running == []
-    assert not sched.draft_held
+    assert not sched.draft.held
     assert_nothing_held(sched)
 
 
@@ -617,7 +617,7 @@ def test_a_mixed_load_drains_within_the_limits_and_leaks_nothing():
     sched.flush_prefix_cache()
     sched.schedule()
     assert_nothing_held(sched)
-    assert not sched.draft_held
+    assert not sched.draft.held
 
 
 # -- enqueue ----------------------------------------------------------------------------------

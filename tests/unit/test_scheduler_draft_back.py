@@ -2,7 +2,8 @@
 again, where that is worth a prefill and changes no output."""
 
 from router.request import FinishReason
-from router.scheduler import RESPECULATE_MIN_TOKENS_LEFT, Scheduler
+from router.draft_mirror import RESPECULATE_MIN_TOKENS_LEFT
+from router.scheduler import Scheduler
 from tandem.ops import AddSequence, ForkSequence, RemoveSequence
 from tandem.sampling.params import SamplingParams
 from tests.unit.test_scheduler import (FIRST, GREEDY, SEEDED, decode, limits, prefill, prompt, run, speculating,
@@ -144,7 +145,7 @@ def test_recycled_sequences_leave_the_draft_to_make_room():
         draft(step(sched))
         seq.finish_reason = FinishReason.STOP
         sched.finish(seq)
-    assert sched.kv.recycled_ids() == [1, 2] and sched.draft_held == {1, 2}
+    assert sched.kv.recycled_ids() == [1, 2] and sched.draft.held == {1, 2}
     seq = submit(sched, 3, 4, max_tokens=8).choices[0]
     plan = step(sched)
     draft(plan)
@@ -172,7 +173,7 @@ def test_a_dropped_recycled_sequence_is_matched_only_by_plain_requests_and_nothi
     sched.finish(first)
     live = submit(sched, 2, 4, max_tokens=64).choices[0]
     draft(step(sched))
-    assert sched.draft_held == {1, live.seq_id}
+    assert sched.draft.held == {1, live.seq_id}
     request = submit(sched, 3, 5, n=2, max_tokens=8)  # a parent needs 2 places: 1 can be freed
     plan = step(sched)
     draft(plan)
