@@ -7,7 +7,6 @@ touched from one thread.
 """
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import time
@@ -27,7 +26,7 @@ from router.speculation import Speculator
 from router.tokenizer import Tokenizer
 from router.tracing import NO_STEP, RouterTracing
 from tandem import codec
-from tandem.errors import TandemError, Unavailable
+from tandem.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TandemError, Unavailable
 from tandem.ops import EngineInfo, StepRequest
 from tandem.telemetry.tracing import Tracing
 from tandem.v1 import engine_pb2, engine_pb2_grpc
@@ -69,8 +68,9 @@ class RouterEngine:
         self._steps = CallStream(target.Steps, config.step_timeout_s, "target service", "step_id")
         self.info = info
         self._target_instance = info.instance_id  # a restarted target is another (_check_target)
-        self.limits = resolve_limits(config, info, draft_max_num_sequence if speculator else None,
-                                     speculator.max_draft_tokens if speculator else 0)
+        self._draft_limits = (draft_max_num_sequence if speculator else None, speculator.max_draft_tokens if speculator else 0)
+        self.limits = resolve_limits(config, info, *self._draft_limits)
+        self._wrong_target = ""  # why the target, restarted, cannot be served (_adopt)
         self.speculator = speculator
         budget = (lambda: max(self.limits.spec_draft_length, speculator.max_draft_tokens)) if speculator else None
         self.scheduler = Scheduler(self.limits, speculator.wants if speculator else None, budget,
@@ -151,6 +151,9 @@ class RouterEngine:
         """One step: schedule -> draft -> target -> postprocess (or wait for work)."""
         if not self._steps.is_open:  # first step, or the stream ended while idle
             await self._check_target()
+        if self._wrong_target:
+            for request in list(self._requests):
+                self._fail(request, FailedPrecondition(self._wrong_target))
         plan = self.scheduler.schedule()
         if plan.empty and not plan.draft_ops:
             self._wake.clear()
@@ -270,9 +273,30 @@ class RouterEngine:
                     info.instance_id, self._target_instance)
         self._target_instance = info.instance_id
         self.counters.target_restarts += 1
-        if dataclasses.replace(info, instance_id="") != dataclasses.replace(self.info, instance_id=""):
-            log.error("the target came back with another model or limits (%s, was %s): the router's limits are "
-                      "stale; restart the router", info, self.info)
+        self._adopt(info)
+
+    def _adopt(self, info: EngineInfo) -> None:
+        """A restarted target (holding nothing) may come back with other limits (its KV cache,
+        max_num_sequence): the router schedules against them from now on, and fails the waiting
+        requests that can never fit them. Another model does not match the router's tokenizer:
+        requests fail (FAILED_PRECONDITION) until the target serves the router's model again."""
+        if change := _model_change(self.info, info):
+            self._wrong_target = (f"the target service restarted with another model ({change}); restart the"
+                                  f" router with it, or the target with {self.info.model}")
+        else:
+            try:
+                limits = resolve_limits(self.config, info, *self._draft_limits)
+                self._wrong_target = ""
+            except InvalidArgument as e:
+                self._wrong_target = f"the restarted target service does not fit the router's flags: {e}"
+        if self._wrong_target:
+            log.error("%s", self._wrong_target)
+            return
+        if limits != self.limits:
+            log.warning("the target came back with other limits: %s (was %s)", limits, self.limits)
+        self.info, self.limits, self.kv_pages_free = info, limits, info.kv_pages_total
+        for request, why in self.scheduler.adopt(limits):
+            self._fail(request, ResourceExhausted(f"{why} since the target service restarted"))
 
     def _lose_target(self, error: TandemError) -> None:
         if self._running_requests():
@@ -317,3 +341,9 @@ def _count_depths(seq, accepted: int) -> None:
         seq.accepted_by_depth.append(0)
     for i in range(accepted):
         seq.accepted_by_depth[i] += 1
+
+
+def _model_change(was: EngineInfo, now: EngineInfo) -> str:
+    """What makes `now` another model than `was` ('' if nothing does)."""
+    fields = ("model", "architecture", "vocab_size", "hidden_size")
+    return ", ".join(f"{f} {getattr(now, f)}, was {getattr(was, f)}" for f in fields if getattr(now, f) != getattr(was, f))

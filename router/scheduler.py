@@ -58,8 +58,7 @@ class Scheduler:
         self.draft_budget = draft_budget or (lambda: limits.drafts_per_verify)
         self._draft_allow: dict[int, int] = {}  # this step's drafts, where fewer than the budget fit
         self._drafts_paused = False  # this step's: see StepPlan.drafts_paused
-        self.kv = KvState(limits.kv_pages_total, limits.kv_page_size, limits.max_held_sequences,
-                          limits.prefix_cache_max_num_recycling_seqs, limits.sliding_window)
+        self.kv = _kv_state(limits)
         self.waiting: deque[Sequence] = deque()  # roots, in admission order
         self.running: list[Sequence] = []  # live sequences that prefill or decode
         self.forking: list[Sequence] = []  # prefilled parents with children left to fork
@@ -76,19 +75,31 @@ class Scheduler:
     # -- requests in and out ------------------------------------------------------------------
 
     def enqueue(self, request: Request) -> None:
-        spec = self.limits
-        tokens = len(request.spec.prompt_ids) + request.spec.max_tokens
-        if pages_for(tokens, spec.kv_page_size) + 1 > spec.kv_pages_total or tokens > spec.max_total_sequence_length:
-            raise ResourceExhausted(
-                f"prompt + max_tokens = {tokens} tokens can never fit: the KV cache holds"
-                f" {spec.kv_pages_total} KV pages of {spec.kv_page_size} tokens"
-                f" (max_total_sequence_length {spec.max_total_sequence_length})"
-            )
+        if why := self._never_fits(request):
+            raise ResourceExhausted(why)
         waiting = len({id(s.request) for s in self.waiting})  # a tree may wait as n roots
-        if waiting >= spec.max_waiting:
+        if waiting >= self.limits.max_waiting:
             raise ResourceExhausted(f"{waiting} requests already waiting (max_waiting)")
         roots = [request.parent] if request.parent else request.choices
         self.waiting.extend(roots)
+
+    def _never_fits(self, request: Request) -> str:
+        """Why `request` can never run under the limits ('' if it can)."""
+        spec = self.limits
+        tokens = len(request.spec.prompt_ids) + request.spec.max_tokens
+        if pages_for(tokens, spec.kv_page_size) + 1 > spec.kv_pages_total or tokens > spec.max_total_sequence_length:
+            return (f"prompt + max_tokens = {tokens} tokens can never fit: the KV cache holds"
+                    f" {spec.kv_pages_total} KV pages of {spec.kv_page_size} tokens"
+                    f" (max_total_sequence_length {spec.max_total_sequence_length})")
+        return ""
+
+    def adopt(self, limits: EngineLimits) -> list[tuple[Request, str]]:
+        """A restarted target's limits, once `reset` (nothing is live): the requests waiting
+        that can never fit them, each with why (the caller fails them)."""
+        self.limits = limits
+        self.kv = _kv_state(limits)
+        requests = list({id(s.request): s.request for s in self.waiting}.values())
+        return [(r, why) for r in requests if (why := self._never_fits(r))]
 
     def release(self, request: Request) -> None:
         """A cancelled request: every sequence it holds is removed with the next step."""
@@ -396,6 +407,11 @@ class Scheduler:
             return False
         prompt = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
         return self._has_slot(room, min(seq.prefill_left, room.tokens), held=2 if seq.is_parent else 1, prompt=prompt)
+
+
+def _kv_state(limits: EngineLimits) -> KvState:
+    return KvState(limits.kv_pages_total, limits.kv_page_size, limits.max_held_sequences,
+                   limits.prefix_cache_max_num_recycling_seqs, limits.sliding_window)
 
 
 @dataclass(slots=True)

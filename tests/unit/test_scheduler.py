@@ -722,3 +722,22 @@ def test_a_step_decoding_spec_disable_batch_size_sequences_drafts_nothing_and_re
     alone = sched.schedule()
     assert not alone.drafts_paused and sched.draft_cap(first.choices[0]) == 3
 
+
+
+def test_a_restarted_targets_limits_are_adopted_and_waiting_requests_that_never_fit_them_are_named():
+    sched = Scheduler(limits(max_num_sequence=1))
+    first = submit(sched, 1, 4, max_tokens=8)
+    large = submit(sched, 2, 60, max_tokens=60, n=2)  # 120 tokens: waits behind first
+    small = submit(sched, 3, 4, max_tokens=8)
+    step(sched)
+    assert first.choices[0].live and [s.request for s in sched.waiting] == [large, small]
+    sched.release(first)
+    sched.reset()
+    smaller = limits(max_num_sequence=1, kv_pages_total=16, max_total_sequence_length=64)
+    doomed = sched.adopt(smaller)
+    assert [r for r, _ in doomed] == [large] and "120 tokens can never fit" in doomed[0][1]
+    assert sched.kv.free_pages == 16 and sched.limits is smaller
+    for request, _ in doomed:
+        sched.release(request)
+    step(sched)
+    assert small.choices[0].live and small.choices[0].output_ids and not sched.waiting
