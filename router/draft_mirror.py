@@ -59,14 +59,14 @@ class DraftMirror:
         ops, self.ops = tuple(self.ops), []
         return ops
 
-    def room(self, places: int, recycled_ids: list[int]) -> bool:
+    def room(self, places: int, recycled_ids: Callable[[], list[int]]) -> bool:
         """The draft takes `places` more sequences, once recycled ones it holds are dropped from
-        it, least recently recycled first (`recycled_ids`' order; the target keeps them for
+        it, least recently recycled first (`recycled_ids()`' order; the target keeps them for
         plain requests' prefix matches). None is dropped when that would not make room."""
         capacity = self.capacity()
         if not capacity or len(self.held) + places <= capacity:
             return True
-        droppable = [s for s in recycled_ids if s in self.held]
+        droppable = [s for s in recycled_ids() if s in self.held]
         excess = len(self.held) + places - capacity
         if excess > len(droppable):
             return False

@@ -151,16 +151,21 @@ class RouterEngine:
         """One step: schedule -> draft -> target -> postprocess (or wait for work)."""
         if not self._steps.is_open:  # first step, or the stream ended while idle
             await self._check_target()
-        if self._wrong_target:
+        if self._wrong_target:  # not even an empty step for the draft's removals
             for request in list(self._requests):
                 self._fail(request, FailedPrecondition(self._wrong_target))
+            await self._idle()
+            return
         plan = self.scheduler.schedule()
         if plan.empty and not plan.draft_ops:
-            self._wake.clear()
-            await self._wake.wait()
+            await self._idle()
             return
         with self.tracing.step(plan) as trace:
             await self._run_step(plan, trace)
+
+    async def _idle(self) -> None:
+        self._wake.clear()
+        await self._wake.wait()
 
     async def _run_step(self, plan: StepPlan, trace) -> None:
         draft_step = 0

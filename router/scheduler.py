@@ -64,7 +64,8 @@ class Scheduler:
         self.forking: list[Sequence] = []  # prefilled parents with children left to fork
         self.preempted_total = 0
         self.respeculated_total = 0  # sequences re-prefilled to speculate again (draft_back)
-        self._respeculate_due = False  # draft_back, or a draft place freed (_draft_place_freed)
+        self._draft_back = False  # every sequence that lost the draft may re-prefill (draft_back)
+        self._place_freed = False  # those the full draft turned away may (_draft_place_freed)
         self.cached_tokens_total = 0  # input tokens the prefix cache saved, resumed sequences included
         self._ops: list[SequenceOp] = []
         self._seq_ids = itertools.count(1)
@@ -91,11 +92,14 @@ class Scheduler:
             return (f"prompt + max_tokens = {tokens} tokens can never fit: the KV cache holds"
                     f" {spec.kv_pages_total} KV pages of {spec.kv_page_size} tokens"
                     f" (max_total_sequence_length {spec.max_total_sequence_length})")
+        if spec.max_context_length and tokens > spec.max_context_length:
+            return f"prompt + max_tokens = {tokens} tokens exceed the model's context ({spec.max_context_length})"
         return ""
 
     def adopt(self, limits: EngineLimits) -> list[tuple[Request, str]]:
         """A restarted target's limits, once `reset` (nothing is live): the requests waiting
         that can never fit them, each with why (the caller fails them)."""
+        assert not (self.running or self.forking), "adopting limits with sequences live"
         self.limits = limits
         self.kv = _kv_state(limits)
         requests = list({id(s.request): s.request for s in self.waiting}.values())
@@ -140,13 +144,14 @@ class Scheduler:
 
     def stop_speculating(self, seq: Sequence) -> None:
         """The draft cannot serve this sequence any more: it decodes plainly from now on."""
+        self._draft_place_freed(seq)
         seq.draft_live = False
         self.draft.drop(seq.seq_id)
 
     def draft_lost(self) -> None:
         """The draft service failed: it holds nothing any more (it is reset when back)."""
         self.draft.lost()
-        self._respeculate_due = False
+        self._draft_back = self._place_freed = False
         for seq in self.running + self.forking:
             seq.draft_live = False
 
@@ -154,32 +159,35 @@ class Scheduler:
         """The draft service is healthy again (reset, holding nothing). Sequences that lost it
         re-prefill at the next step to speculate again: the draft rebuilds a sequence's context
         only from the target's hidden states at every position, which a prefill makes."""
-        self._respeculate_due = True
+        self._draft_back = True
 
     def _draft_place_freed(self, seq: Sequence) -> None:
-        """A speculating sequence ended (recycled, its draft place can be taken back): sequences
+        """`seq` leaves the draft (or is recycled there: its place can be taken back): sequences
         the full draft turned away re-prefill to speculate, as for a draft that came back."""
-        if seq.draft_live and any(s.draft_denied for s in self.running + self.forking):
-            self._respeculate_due = True
+        if seq.draft_live and any(s.draft_denied and worth_respeculating(s, self.speculates)
+                                  for s in self.running + self.forking):
+            self._place_freed = True
 
     def _respeculate(self) -> None:
-        """Requeues the sequences worth it, oldest first, as many as the draft takes; while the
-        batch is too large to draft (a re-prefill would buy nothing) it waits for a later step."""
+        """Requeues the sequences worth it (after a freed place: those the draft turned away),
+        oldest first, as many as the draft takes; while the batch is too large to draft (a
+        re-prefill would buy nothing) it waits for a later step."""
         decoding = [s for s in self.running if not s.is_parent]
         if 0 < self.limits.spec_disable_batch_size <= len(decoding):
             return
-        self._respeculate_due = False
+        every, self._draft_back, self._place_freed = self._draft_back, False, False
         chosen: list[Sequence] = []
-        taken = 0  # draft places the chosen will take (a parent 2: it and a child)
+        taken, full = 0, False  # draft places the chosen will take (a parent 2: it and a child)
         for seq in self.running + self.forking:
-            places = 2 if seq.is_parent else 1
-            if not worth_respeculating(seq, self.speculates):
+            if not (every or seq.draft_denied) or not worth_respeculating(seq, self.speculates):
                 continue
-            if self._draft_room(taken + places):
+            places = 2 if seq.is_parent else 1
+            if not full and self._draft_room(taken + places):
                 chosen.append(seq)
                 taken += places
             else:
                 seq.draft_denied = True  # it waits for a place to free
+                full = full or places == 1  # no room for one: none for any after it
         for seq in reversed(chosen):  # appended to the left: the oldest ends up first in line
             self._requeue(seq)
             seq.respeculated = True
@@ -202,7 +210,7 @@ class Scheduler:
         entries: list[StepEntry] = []
         seqs: list[Sequence] = []
         self._draft_allow.clear()
-        if self._respeculate_due:
+        if self._draft_back or self._place_freed:
             self._respeculate()
         reserved = self._reserve_decodes()
         for seq in self.running:
@@ -361,7 +369,7 @@ class Scheduler:
                 child = request.unactivated.pop(0)
                 child.seq_id = self.new_seq_id()
                 child.draft_live = parent.draft_live and self._draft_room()
-                child.draft_denied = parent.draft_live and not child.draft_live
+                child.draft_denied = (parent.draft_live or parent.draft_denied) and not child.draft_live
                 self._send(self.kv.fork_child(child.seq_id, parent.seq_id, child.sampler, child.draft_live),
                            speculates=child.draft_live)
                 child.num_prefilled = len(child.input_ids) - 1
@@ -371,6 +379,7 @@ class Scheduler:
             if not request.unactivated:  # every child holds the prompt now
                 self.forking.remove(parent)
                 self._send(self.kv.remove(parent.seq_id))
+                self._draft_place_freed(parent)
                 parent.live = False
 
     def _admit(self, room: "_Room", entries: list, seqs: list) -> None:
@@ -398,7 +407,7 @@ class Scheduler:
 
     def _draft_room(self, places: int = 1) -> bool:
         """The draft takes `places` more sequences (a parent needs 2: it and its first child)."""
-        return self.draft.room(places, self.kv.recycled_ids())
+        return self.draft.room(places, self.kv.recycled_ids)
 
     def _admissible(self, seq: Sequence, room: "_Room") -> bool:
         """A parent comes in only with room for a child beside it, and while no other parent

@@ -207,3 +207,23 @@ def test_a_sequence_the_full_draft_turned_away_speculates_once_a_place_frees():
     assert b.draft_live and sched.respeculated_total == 1 and not short.draft_live  # short: too few tokens left
     for _ in range(8):
         draft(step(sched))
+
+
+def test_children_of_a_parent_the_full_draft_turned_away_speculate_once_places_free():
+    sched = Scheduler(limits(spec_draft_length=1, max_num_sequence=16), speculating, draft_capacity=lambda: 2)
+    draft = draft_model(2)
+    a = submit(sched, 1, 4, max_tokens=64).choices[0]
+    draft(step(sched))
+    request = submit(sched, 2, 5, n=2, max_tokens=64)  # its parent needs 2 places: 1 is free
+    for _ in range(3):
+        draft(step(sched))
+    c0, c1 = request.choices
+    assert a.draft_live and not (request.parent.draft_live or c0.draft_live or c1.draft_live)
+    assert c0.live and c1.live and c0.draft_denied and c1.draft_denied
+    a.finish_reason = FinishReason.STOP
+    sched.finish(a)
+    plan = run(sched, sched.schedule())
+    draft(plan)
+    assert c0.draft_live and c1.draft_live and sched.respeculated_total == 2
+    for _ in range(8):
+        draft(step(sched))
