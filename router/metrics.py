@@ -57,8 +57,8 @@ def _speculation(s: RouterSnapshot) -> list[Metric]:
         gauge(f"{P}_speculation_active", "1 while a healthy draft service drafts, else 0.", int(s.speculation_active)),
         counter(f"{P}_draft_failures_total", "Draft calls that failed: speculation stops until the draft service"
                 " is healthy again.", s.draft_failures_total),
-        counter(f"{P}_respeculations_total", "Running sequences re-prefilled to speculate again once the draft"
-                " service was back.", s.respeculations_total),
+        counter(f"{P}_respeculations_total", "Running sequences re-prefilled to speculate: the draft service was"
+                " back, or a place in it freed.", s.respeculations_total),
         counter(f"{P}_spec_paused_steps_total", "Steps that drafted nothing: they decoded --spec-disable-batch-size"
                 " sequences or more.", s.spec_paused_steps_total),
     ]

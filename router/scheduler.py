@@ -63,7 +63,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # live sequences that prefill or decode
         self.forking: list[Sequence] = []  # prefilled parents with children left to fork
         self.preempted_total = 0
-        self.respeculated_total = 0  # sequences re-prefilled to speculate again (draft_back)
+        self.respeculated_total = 0  # sequences re-prefilled to speculate (_respeculate)
         self._draft_back = False  # every sequence that lost the draft may re-prefill (draft_back)
         self._place_freed = False  # those the full draft turned away may (_draft_place_freed)
         self.cached_tokens_total = 0  # input tokens the prefix cache saved, resumed sequences included
