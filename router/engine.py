@@ -349,6 +349,7 @@ def _count_depths(seq, accepted: int) -> None:
 
 
 def _model_change(was: EngineInfo, now: EngineInfo) -> str:
-    """What makes `now` another model than `was` ('' if nothing does)."""
-    fields = ("model", "architecture", "vocab_size", "hidden_size")
+    """What makes `now` a model the router's tokenizer (and the draft head) cannot serve ('' if
+    nothing does). Not the name: it is the target's folder (`float32`, `bfloat16` for ours)."""
+    fields = ("architecture", "vocab_size", "hidden_size")
     return ", ".join(f"{f} {getattr(now, f)}, was {getattr(was, f)}" for f in fields if getattr(now, f) != getattr(was, f))

@@ -2,6 +2,7 @@
 with: the router schedules against the new limits, and refuses to serve another model (its
 tokenizer is the router's) until the router's model is back."""
 
+import shutil
 from dataclasses import replace
 
 import grpc
@@ -31,10 +32,12 @@ def restart_target(s, **fields) -> None:
     s.target_server, _, _, s.target_engine, _ = start_target(replace(config, **fields))
 
 
-def test_a_target_back_with_a_smaller_kv_cache_is_scheduled_against_it(own_services):
+def test_a_target_back_with_a_smaller_kv_cache_is_scheduled_against_it(own_services, tmp_path):
     s = own_services
     expected = generate(s.stub, prompt="hello", params=GREEDY)[0]
-    restart_target(s, kv_cache_tokens=256)
+    renamed = tmp_path / "bfloat16"  # the same model from another folder (ours: float32 / bfloat16)
+    shutil.copytree(s.router_engine.config.model_dir, renamed)
+    restart_target(s, kv_cache_tokens=256, model_dir=renamed)
     assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
     assert s.router_engine.limits.kv_pages_total == 256 // 8
     assert s.router_engine.limits.max_total_sequence_length == 256
