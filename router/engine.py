@@ -287,7 +287,7 @@ class RouterEngine:
         requests fail (FAILED_PRECONDITION) until the target serves the router's model again."""
         if change := _model_change(self.info, info):
             self._wrong_target = (f"the target service restarted with another model ({change}); restart the"
-                                  f" router with it, or the target with {self.info.model}")
+                                  " router with that model, or the target with the router's")
         else:
             try:
                 limits = resolve_limits(self.config, info, *self._draft_limits)
