@@ -20,8 +20,10 @@ class CallStream:
     can never be read as the next call's. Requests and responses carry an id (`id_field`)
     and, when the service failed that one, `error` (tandem.v1.StepError)."""
 
-    def __init__(self, open_stream: Callable, timeout_s: float, service: str, id_field: str):
+    def __init__(self, open_stream: Callable, timeout_s: float, service: str, id_field: str,
+                 on_end: Callable[[], None] | None = None):
         self.open_stream = open_stream  # e.g. stub.Steps: a new stream-stream call
+        self.on_end = on_end  # called when a stream ends, idle or not (the service went away)
         self.timeout_s = timeout_s
         self.service = service  # "target service": errors name it
         self.id_field = id_field
@@ -37,6 +39,8 @@ class CallStream:
         TandemError with the service's status when it failed this request."""
         if not self.is_open:  # first call, or the stream ended while idle
             self._call = self.open_stream()
+            if self.on_end:
+                self._call.add_done_callback(lambda _: self.on_end())
         call = self._call
         number = getattr(request, self.id_field)
         try:

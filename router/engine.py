@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -65,12 +66,16 @@ class RouterEngine:
         self.tracing = RouterTracing(tracing or Tracing.off(), info.model)
         self.tokenizer = tokenizer
         self.target = target
-        self._steps = CallStream(target.Steps, config.step_timeout_s, "target service", "step_id")
+        # A stream that ends while idle wakes the loop: a target gone or restarted is found then,
+        # not at the next request, and the router's health follows it.
+        self._steps = CallStream(target.Steps, config.step_timeout_s, "target service", "step_id", self._wake_up)
         self.info = info
         self._target_instance = info.instance_id  # a restarted target is another (_check_target)
         self._draft_limits = (draft_max_num_sequence if speculator else None, speculator.max_draft_tokens if speculator else 0)
         self.limits = resolve_limits(config, info, *self._draft_limits)
         self._wrong_target = ""  # why the target, restarted, cannot be served (_adopt)
+        self.serving = True  # the target is reachable and serves the router's model
+        self.on_serving: Callable[[bool], Awaitable[None]] | None = None  # reports it (gRPC health)
         self.speculator = speculator
         budget = (lambda: max(self.limits.spec_draft_length, speculator.max_draft_tokens)) if speculator else None
         self.scheduler = Scheduler(self.limits, speculator.wants if speculator else None, budget,
@@ -154,7 +159,7 @@ class RouterEngine:
         if self._wrong_target:  # not even an empty step for the draft's removals
             for request in list(self._requests):
                 self._fail(request, FailedPrecondition(self._wrong_target))
-            await self._idle()
+            await self._idle(RESET_RETRY_S)  # then asks again: the router's model may be back
             return
         plan = self.scheduler.schedule()
         if plan.empty and not plan.draft_ops:
@@ -163,9 +168,23 @@ class RouterEngine:
         with self.tracing.step(plan) as trace:
             await self._run_step(plan, trace)
 
-    async def _idle(self) -> None:
+    async def _idle(self, timeout_s: float | None = None) -> None:
         self._wake.clear()
-        await self._wake.wait()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+    def _wake_up(self) -> None:
+        if self._task:  # gRPC may call back from another thread
+            self._task.get_loop().call_soon_threadsafe(self._wake.set)
+
+    async def _set_serving(self, serving: bool) -> None:
+        if serving != self.serving:
+            self.serving = serving
+            log.warning("router health: %s", "SERVING" if serving else "NOT_SERVING")
+            if self.on_serving:
+                await self.on_serving(serving)
 
     async def _run_step(self, plan: StepPlan, trace) -> None:
         draft_step = 0
@@ -320,9 +339,11 @@ class RouterEngine:
                 info = await self.target.Info(engine_pb2.InfoRequest(), timeout=self.config.step_timeout_s)
                 self._last_step = stats.last_step_id
                 self._note_instance(codec.info_from_pb(info))
+                await self._set_serving(not self._wrong_target)
                 return
             except grpc.aio.AioRpcError as e:
                 log.warning("target reset failed: %s; retrying", e.details())
+                await self._set_serving(False)
                 error = Unavailable(f"target service unavailable: {e.details()}")
                 for request in list(self._requests):
                     self._fail(request, error)

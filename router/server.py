@@ -14,7 +14,7 @@ from router.speculation import Speculator
 from router.servicer import SERVICE_NAME, GenerationServicer
 from router.tokenizer import Tokenizer
 from tandem import codec
-from tandem.grpc_server import CHANNEL_OPTIONS, GRACE_SECONDS, SERVER_OPTIONS, AioErrorInterceptor, add_health_and_reflection_aio
+from tandem.grpc_server import CHANNEL_OPTIONS, GRACE_SECONDS, SERVER_OPTIONS, AioErrorInterceptor, add_health_and_reflection_aio, set_health_aio
 from tandem.metrics import serve_metrics
 from tandem.telemetry.tracing import Tracing, setup_tracing
 from tandem.v1 import engine_pb2, engine_pb2_grpc, generate_pb2_grpc
@@ -53,6 +53,8 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     server = grpc.aio.server(interceptors=[AioErrorInterceptor()], options=SERVER_OPTIONS)
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
     health = await add_health_and_reflection_aio(server, [SERVICE_NAME])
+    # NOT_SERVING while the target is down or serves another model: no request could be served.
+    engine.on_serving = lambda serving: set_health_aio(health, [SERVICE_NAME], serving)
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
         raise RuntimeError(f"router: cannot bind {config.host}:{config.port}")

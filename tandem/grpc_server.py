@@ -140,10 +140,16 @@ async def add_health_and_reflection_aio(server: grpc.aio.Server, service_names: 
     servicer = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     names = list(service_names)
-    for name in ["", *names]:
-        await servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await set_health_aio(servicer, names, True)
     _enable_reflection(server, names)
     return servicer
+
+
+async def set_health_aio(servicer: health_aio.HealthServicer, service_names: Iterable[str], serving: bool) -> None:
+    """SERVING or NOT_SERVING for "" and each service."""
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ["", *service_names]:
+        await servicer.set(name, status)
 
 
 def serve_until_signal(server: grpc.Server, health_servicer: health.HealthServicer, name: str) -> None:

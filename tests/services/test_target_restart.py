@@ -3,10 +3,13 @@ with: the router schedules against the new limits, and refuses to serve another 
 tokenizer is the router's) until the router's model is back."""
 
 import shutil
+import time
 from dataclasses import replace
 
 import grpc
 import pytest
+
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from target_service.config import TargetConfig
 from target_service.server import start_target
@@ -24,12 +27,26 @@ def own_services(tiny_model):
     s.stop()
 
 
-def restart_target(s, **fields) -> None:
+def restart_target(s, stop: bool = True, **fields) -> None:
     """A fresh target process on the same port, with `fields` changed."""
-    s.target_server.stop(0).wait()
+    if stop:
+        s.target_server.stop(0).wait()
     config = TargetConfig(model_dir=s.router_engine.config.model_dir, port=s.target_port,
                           kv_cache_tokens=8192, kv_page_size=8)
     s.target_server, _, _, s.target_engine, _ = start_target(replace(config, **fields))
+
+
+def router_health(s) -> int:
+    return health_pb2_grpc.HealthStub(s.channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+
+
+def wait_for_health(s, status: int, timeout_s: float = 20) -> None:
+    """The router finds a change on its own (its step stream ends, or it asks the target again
+    every second while it cannot serve): no request goes to it meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while router_health(s) != status:
+        assert time.monotonic() < deadline, f"router health stayed {router_health(s)}, not {status}"
+        time.sleep(0.1)
 
 
 def test_a_target_back_with_a_smaller_kv_cache_is_scheduled_against_it(own_services, tmp_path):
@@ -54,6 +71,7 @@ def test_a_target_back_with_another_model_is_refused_until_the_routers_model_is_
     expected = generate(s.stub, prompt="hello", params=GREEDY)[0]
     other = build_tiny_model(tmp_path / "other", seed=1, hidden_size=32)
     restart_target(s, model_dir=other)
+    wait_for_health(s, health_pb2.HealthCheckResponse.NOT_SERVING)
     for _ in range(2):
         with pytest.raises(grpc.RpcError) as e:
             generate(s.stub, prompt="hello", params=GREEDY)
@@ -61,5 +79,21 @@ def test_a_target_back_with_another_model_is_refused_until_the_routers_model_is_
         assert "another model" in e.value.details() and "hidden_size 32, was 64" in e.value.details()
     assert s.target_engine.stats().steps_total == 0  # nothing reached it
     restart_target(s)
+    wait_for_health(s, health_pb2.HealthCheckResponse.SERVING)
     assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
     assert s.router_engine.counters.target_restarts == 2
+
+
+def test_router_health_follows_a_target_that_goes_down_while_idle(own_services):
+    s = own_services
+    expected = generate(s.stub, prompt="hello", params=GREEDY)[0]  # opens the step stream
+    assert router_health(s) == health_pb2.HealthCheckResponse.SERVING
+    s.target_server.stop(0).wait()
+    wait_for_health(s, health_pb2.HealthCheckResponse.NOT_SERVING)
+    with pytest.raises(grpc.RpcError) as e:
+        generate(s.stub, prompt="hello", params=GREEDY)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    restart_target(s, stop=False)
+    wait_for_health(s, health_pb2.HealthCheckResponse.SERVING)
+    assert s.router_engine.counters.target_restarts == 1  # found before any request came
+    assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
