@@ -28,12 +28,16 @@ from router.tokenizer import Tokenizer
 from router.tracing import NO_STEP, RouterTracing
 from tandem import codec
 from tandem.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TandemError, Unavailable
+from tandem.grpc_server import MAX_RECONNECT_BACKOFF_MS
 from tandem.ops import EngineInfo, StepRequest
 from tandem.telemetry.tracing import Tracing
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 RESET_RETRY_S = 1.0
+# A reset waits this long for the channel to (re)connect: a target back within its reconnect
+# backoff is found by the reset that waits, not failed by it.
+RESET_WAIT_S = MAX_RECONNECT_BACKOFF_MS / 1e3 + RESET_RETRY_S
 
 
 @dataclass(slots=True)
@@ -335,7 +339,8 @@ class RouterEngine:
         target's step ids."""
         while True:
             try:
-                stats = await self.target.Reset(engine_pb2.ResetRequest(), timeout=self.config.step_timeout_s)
+                stats = await self.target.Reset(engine_pb2.ResetRequest(), wait_for_ready=True,
+                                                timeout=RESET_WAIT_S)
                 info = await self.target.Info(engine_pb2.InfoRequest(), timeout=self.config.step_timeout_s)
                 self._last_step = stats.last_step_id
                 self._note_instance(codec.info_from_pb(info))
