@@ -4,6 +4,7 @@ tokenizer is the router's) until the router's model is back."""
 
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import grpc
@@ -11,6 +12,7 @@ import pytest
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from router.figures import snapshot
 from target_service.config import TargetConfig
 from target_service.server import start_target
 from tandem.testing.tiny import build_tiny_model
@@ -40,13 +42,10 @@ def router_health(s) -> int:
     return health_pb2_grpc.HealthStub(s.channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
 
 
-def wait_for_health(s, status: int, timeout_s: float = 20) -> None:
+def wait_for_health(s, status: int) -> None:
     """The router finds a change on its own (its step stream ends, or it asks the target again
     every second while it cannot serve): no request goes to it meanwhile."""
-    deadline = time.monotonic() + timeout_s
-    while router_health(s) != status:
-        assert time.monotonic() < deadline, f"router health stayed {router_health(s)}, not {status}"
-        time.sleep(0.1)
+    _wait_for(lambda: router_health(s) == status)
 
 
 def test_a_target_back_with_a_smaller_kv_cache_is_scheduled_against_it(own_services, tmp_path):
@@ -97,3 +96,41 @@ def test_router_health_follows_a_target_that_goes_down_while_idle(own_services):
     wait_for_health(s, health_pb2.HealthCheckResponse.SERVING)
     assert s.router_engine.counters.target_restarts == 1  # found before any request came
     assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
+
+
+def test_requests_waiting_through_a_restart_fail_only_if_they_can_never_fit_the_target_that_came_back(tmp_path):
+    """The running request fails with the target; of those waiting (one sequence at a time),
+    the one the smaller KV cache can never hold fails RESOURCE_EXHAUSTED, the other is served."""
+    model = build_tiny_model(tmp_path / "model", max_position_embeddings=4096)
+    s = start_services(model, router={"step_timeout_s": 2.0, "max_num_sequence": 1})
+    try:
+        expected = generate(s.stub, prompt="hello", params=GREEDY)[0]
+        long = pb.SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True)  # still running at the restart
+        too_long = pb.SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)  # fits 8,192 tokens, not 256
+        with ThreadPoolExecutor(3) as pool:
+            running = pool.submit(generate, s.stub, prompt="hello", params=long)
+            _wait_for(lambda: snapshot(s.router_engine).requests_running == 1)
+            never_fits = pool.submit(generate, s.stub, prompt="hello", params=too_long)
+            fits = pool.submit(generate, s.stub, prompt="hello", params=GREEDY)
+            _wait_for(lambda: snapshot(s.router_engine).requests_waiting == 2)
+            restart_target(s, kv_cache_tokens=256)
+            assert _code(running) == grpc.StatusCode.UNAVAILABLE
+            assert _code(never_fits) == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "since the target service restarted" in never_fits.exception().details()
+            assert fits.result()[0] == expected
+        assert s.router_engine.limits.kv_pages_total == 256 // 8
+    finally:
+        s.stop()
+
+
+def _wait_for(condition, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def _code(future) -> grpc.StatusCode:
+    error = future.exception(timeout=60)
+    assert isinstance(error, grpc.RpcError), f"expected an error, got {future.result()}"
+    return error.code()
