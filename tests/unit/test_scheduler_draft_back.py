@@ -6,8 +6,8 @@ from router.draft_mirror import RESPECULATE_MIN_TOKENS_LEFT
 from router.scheduler import Scheduler
 from tandem.ops import AddSequence, ForkSequence, RemoveSequence
 from tandem.sampling.params import SamplingParams
-from tests.unit.test_scheduler import (FIRST, GREEDY, SEEDED, decode, limits, prefill, prompt, run, speculating,
-                                       step, submit)
+from tests.unit.scheduler_helpers import (FIRST, GREEDY, decode, limits, prefill, prompt, run, speculating, step,
+                                          submit)
 
 
 def lose_the_draft(sched: Scheduler, steps: int = 2) -> None:

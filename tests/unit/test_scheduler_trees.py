@@ -4,8 +4,9 @@
 import pytest
 
 from router.limits import EngineLimits
+from router.scheduler import Scheduler
 from tandem.errors import InvalidArgument
-from tests.unit.test_scheduler import Scheduler, finish, limits, run, submit
+from tests.unit.scheduler_helpers import SEEDED, finish, limits, run, submit
 
 
 def drain(sched, requests, steps=200):
@@ -53,8 +54,6 @@ def test_held_limit_below_two_is_refused():
 
 
 def test_preemption_spares_seeded_sampled_sequences_while_others_can_go():
-    from tests.unit.test_scheduler import SEEDED
-
     sched = Scheduler(limits(kv_page_size=4, kv_pages_total=6, max_total_sequence_length=24))
     greedy = submit(sched, 1, 4, max_tokens=12)
     seeded = submit(sched, 2, 4, max_tokens=12, sampler=SEEDED)  # newer, but seeded
