@@ -388,6 +388,8 @@ class Scheduler:
             wants = bool(self.speculates and self.speculates(seq))
             speculate = wants and self._draft_room(2 if seq.is_parent else 1)
             seq.draft_denied = wants and not speculate
+            if seq.draft_denied:  # a re-prefill that found the draft full (others took the place first)
+                seq.respeculated = False  # has not had its once: the next freed place is its
             mirrors = self.draft.held.__contains__ if speculate else None
             tokens = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
             ops, seq.num_prefilled = self.kv.add_root(

@@ -6,8 +6,8 @@ from router.draft_mirror import RESPECULATE_MIN_TOKENS_LEFT
 from router.scheduler import Scheduler
 from tandem.ops import AddSequence, ForkSequence, RemoveSequence
 from tandem.sampling.params import SamplingParams
-from tests.unit.scheduler_helpers import (FIRST, GREEDY, decode, limits, prefill, prompt, run, speculating, step,
-                                          submit)
+from tests.unit.scheduler_helpers import (FIRST, GREEDY, decode, finish, limits, prefill, prompt, run, speculating,
+                                          step, submit)
 
 
 def lose_the_draft(sched: Scheduler, steps: int = 2) -> None:
@@ -225,5 +225,27 @@ def test_children_of_a_parent_the_full_draft_turned_away_speculate_once_places_f
     plan = run(sched, sched.schedule())
     draft(plan)
     assert c0.draft_live and c1.draft_live and sched.respeculated_total == 2
+    for _ in range(8):
+        draft(step(sched))
+
+
+def test_a_re_prefill_that_found_the_draft_full_is_not_its_one_and_the_next_freed_place_is_its():
+    """Requeued to speculate, `late` waited for a sequence slot while sequences requeued after it
+    went first and took the draft's places."""
+    sched = Scheduler(limits(spec_draft_length=1, max_num_sequence=8), speculating, draft_capacity=lambda: 3)
+    draft = draft_model(3)
+    one = submit(sched, 1, 5, n=3, max_tokens=64)
+    draft(step(sched))
+    two = submit(sched, 2, 4, n=2, max_tokens=64)  # its parent needs 2 places: 1 is free
+    for _ in range(4):
+        draft(step(sched))
+    late = one.choices[2]  # turned away at its fork (the parent held a place), requeued once it left
+    assert late.respeculated and not late.live and not any(c.draft_live for c in two.choices)
+    finish(sched, one.choices[1])  # a place frees: two's children, requeued ahead of late, take both
+    draft(step(sched))
+    assert all(c.draft_live for c in two.choices) and late.live and late.draft_denied and not late.draft_live
+    finish(sched, one.choices[0])
+    draft(step(sched))
+    assert late.draft_live and sched.respeculated_total == 4
     for _ in range(8):
         draft(step(sched))
