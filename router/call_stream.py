@@ -34,13 +34,18 @@ class CallStream:
         """A stream is open and has not ended (the next call will not open one)."""
         return self._call is not None and not self._call.done()
 
-    async def call(self, request):
-        """The response; raises Unavailable when the service is gone or too slow, a
-        TandemError with the service's status when it failed this request."""
-        if not self.is_open:  # first call, or the stream ended while idle
+    def open(self) -> None:
+        """Opens a stream unless one is open (call() does it too): the call starts at once, so
+        its end, even before a request is written, reaches on_end."""
+        if not self.is_open:
             self._call = self.open_stream()
             if self.on_end:
                 self._call.add_done_callback(lambda _: self.on_end())
+
+    async def call(self, request):
+        """The response; raises Unavailable when the service is gone or too slow, a
+        TandemError with the service's status when it failed this request."""
+        self.open()  # first call, or the stream ended while idle
         call = self._call
         number = getattr(request, self.id_field)
         try:

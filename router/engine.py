@@ -35,8 +35,8 @@ from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 RESET_RETRY_S = 1.0
-# A reset waits this long for the channel to (re)connect: a target back within its reconnect
-# backoff is found by the reset that waits, not failed by it.
+# A lost target is asked this long for its info, waiting for the channel to reconnect: a target
+# back within the reconnect backoff is found, not its waiting requests failed.
 RESET_WAIT_S = MAX_RECONNECT_BACKOFF_MS / 1e3 + RESET_RETRY_S
 
 
@@ -94,6 +94,7 @@ class RouterEngine:
         self._requests: list[Request] = []
         self._step_ids = itertools.count(first_step_id)
         self._wake = asyncio.Event()
+        self._opened = -RESET_RETRY_S  # when _reopen last opened the step stream (time.monotonic())
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -158,12 +159,12 @@ class RouterEngine:
 
     async def _iterate(self) -> None:
         """One step: schedule -> draft -> target -> postprocess (or wait for work)."""
-        if not self._steps.is_open:  # first step, or the stream ended while idle
-            await self._check_target()
+        if not self._steps.is_open:  # first step, or the stream ended: the target may be gone
+            await self._reopen()
         if self._wrong_target:  # not even an empty step for the draft's removals
             for request in list(self._requests):
                 self._fail(request, FailedPrecondition(self._wrong_target))
-            await self._idle(RESET_RETRY_S)  # then asks again: the router's model may be back
+            await self._idle()  # until the stream ends: the target restarts, maybe with our model
             return
         plan = self.scheduler.schedule()
         if plan.empty and not plan.draft_ops:
@@ -172,15 +173,20 @@ class RouterEngine:
         with self.tracing.step(plan) as trace:
             await self._run_step(plan, trace)
 
-    async def _idle(self, timeout_s: float | None = None) -> None:
+    async def _idle(self) -> None:
         self._wake.clear()
-        try:
-            await asyncio.wait_for(self._wake.wait(), timeout_s)
-        except TimeoutError:
-            pass
+        await self._wake.wait()
+
+    async def _reopen(self) -> None:
+        """Checks the target, then opens the step stream before any step: its end wakes the
+        loop even while idle (_wake_up), so a target gone or restarted is found at once."""
+        await asyncio.sleep(self._opened + RESET_RETRY_S - time.monotonic())  # a stream that ends at once
+        await self._check_target()
+        self._steps.open()
+        self._opened = time.monotonic()
 
     def _wake_up(self) -> None:
-        if self._task:  # gRPC may call back from another thread
+        if self._task:  # a gRPC callback: safe from any thread
             self._task.get_loop().call_soon_threadsafe(self._wake.set)
 
     async def _set_serving(self, serving: bool) -> None:
@@ -338,9 +344,12 @@ class RouterEngine:
         instance and last step are taken afresh: the draft waits for hidden states by the
         target's step ids."""
         while True:
+            waiting = list(self._requests)  # one that comes during an attempt gets a whole one
             try:
-                stats = await self.target.Reset(engine_pb2.ResetRequest(), wait_for_ready=True,
-                                                timeout=RESET_WAIT_S)
+                # Reachable first: Info takes no lock and rides out the channel's reconnect
+                # backoff; the reset then waits for a step the target may still be running.
+                await self.target.Info(engine_pb2.InfoRequest(), wait_for_ready=True, timeout=RESET_WAIT_S)
+                stats = await self.target.Reset(engine_pb2.ResetRequest(), timeout=self.config.step_timeout_s)
                 info = await self.target.Info(engine_pb2.InfoRequest(), timeout=self.config.step_timeout_s)
                 self._last_step = stats.last_step_id
                 self._note_instance(codec.info_from_pb(info))
@@ -350,8 +359,9 @@ class RouterEngine:
                 log.warning("target reset failed: %s; retrying", e.details())
                 await self._set_serving(False)
                 error = Unavailable(f"target service unavailable: {e.details()}")
-                for request in list(self._requests):
-                    self._fail(request, error)
+                for request in waiting:
+                    if request in self._requests:
+                        self._fail(request, error)
                 self.scheduler.reset()
                 await asyncio.sleep(RESET_RETRY_S)
 

@@ -55,6 +55,7 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     health = await add_health_and_reflection_aio(server, [SERVICE_NAME])
     # NOT_SERVING while the target is down or serves another model: no request could be served.
     engine.on_serving = lambda serving: set_health_aio(health, [SERVICE_NAME], serving)
+    await set_health_aio(health, [SERVICE_NAME], engine.serving)  # it may have changed since start()
     port = server.add_insecure_port(f"{config.host}:{config.port}")
     if port == 0:
         raise RuntimeError(f"router: cannot bind {config.host}:{config.port}")
