@@ -156,6 +156,7 @@ class Speculator:
         self.stats.draft_ms += (time.perf_counter() - started) * 1e3
         self.stats.draft_compute_ms += result.compute_ms
         fitted = {}
+        wanted = [(e, s) for e, s in wanted if s.live]  # a cancel while the draft ran: commit drops it
         for e, s in wanted:
             parents = (result.parents or {}).get(e.seq_id, ())
             draft = fit_draft(result.tokens.get(e.seq_id, ()), parents, cap(s), self.vocab_size)

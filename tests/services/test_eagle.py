@@ -1,5 +1,6 @@
 """EAGLE speculation through real target, draft and router servers on a tiny model."""
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -197,4 +198,41 @@ def test_chunked_prefill_feeds_the_draft_correctly(tiny_model, trained_head, ref
             accepted += last.usage.accepted_draft_tokens
         assert drafted > 0 and accepted / drafted > 0.2
     finally:
+        s.stop()
+
+
+def test_a_request_cancelled_while_its_draft_is_computed_leaves_the_others_running(tiny_model, trained_head):
+    """The router awaits the draft with the step's plan in hand; a sequence released meanwhile
+    (its client went away) is dropped from the plan, not looked up in the KV view it left (that
+    failed the step, and with it every running request)."""
+    s = start_services(tiny_model, draft_model=trained_head, router={"spec_draft_length": 4})
+    hold, held, go = threading.Event(), threading.Event(), threading.Event()
+    draft = s.draft_engine.draft
+
+    def held_draft(request, *args):
+        if hold.is_set() and len(request.seqs) == 2 and not go.is_set():
+            held.set()
+            go.wait(30)
+        return draft(request, *args)
+
+    try:
+        s.draft_engine.draft = held_draft
+        params = greedy(max_tokens=400)
+        other = s.stub.Generate(pb.GenerateRequest(prompt=TINY_PROMPTS[1], params=params), timeout=60)
+        doomed = s.stub.Generate(pb.GenerateRequest(prompt=TINY_PROMPTS[0], params=params), timeout=60)
+        first = next(other)
+        next(doomed)
+        hold.set()
+        assert held.wait(30)  # a draft call for both is held
+        doomed.cancel()
+        deadline = time.monotonic() + 30
+        while snapshot(s.router_engine).requests_running > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        go.set()
+        out = list(first.choices[0].token_ids) + [t for r in other for t in r.choices[0].token_ids]
+        assert out == generate(s.stub, prompt=TINY_PROMPTS[1], params=greedy(max_tokens=400, speculate=False))[0]
+        assert s.router_engine.counters.step_errors_total == 0
+        assert s.wait_idle().sequences_live == 0 and wait_draft_idle(s).sequences_live == 0
+    finally:
+        go.set()
         s.stop()
