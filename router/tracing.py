@@ -76,12 +76,13 @@ class StepTrace:
     def done(self, plan: StepPlan, result: StepResult) -> None:
         """After postprocess: the step's figures and the requests' prefill and first tokens."""
         self.span.set_attribute("tandem.accepted_tokens", sum(r.num_accepted for r in result.results))
+        served = {r: state for r, state in self.served.items() if state.span.is_recording()}  # not cancelled meanwhile
         for entry, seq in zip(plan.entries, plan.seqs):
-            state = self.served.get(seq.request)
+            state = served.get(seq.request)
             if state and entry.kind is EntryKind.PREFILL and entry.sample and not state.prefill_finished:
                 state.prefill_finished = True
                 state.span.add_event("finish prefill")
-        for request, state in self.served.items():
+        for request, state in served.items():
             if not state.first_token and any(s.output_ids for s in request.choices):
                 state.first_token = True
                 state.span.add_event("first token")
