@@ -62,6 +62,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "gen_batch", help="sequences per generation batch")
     _flag(p, "feature_batch_tokens", help="padded tokens per hidden-state batch")
     _flag(p, "target_dtype", str, "dtype the target runs in for answers and features", choices=DTYPES)
+    _flag(p, "answers_from", str, "take the answers from this self-distillation folder of the same prompts, made "
+                                  "by the target in its other dtype, and make only the features, in --target-dtype "
+                                  "(the dtype the head is to be served with)")
     _flag(p, "steps", help="total optimizer steps of the run")
     _flag(p, "batch_size", help="sequences per step")
     _flag(p, "lr", float, "peak learning rate (default eagle 3e-4, medusa 1e-3)")
@@ -120,7 +123,8 @@ def config_from_args(args) -> tuple[TrainConfig, Path]:
     _check_flags(args)  # before _target_dir, which may fetch and convert the model
     target = _target_dir(args, home, out)
     spec = DataSpec(target_dir=target, quick=args.quick, shard_prompts=mode["shard_prompts"],
-                    skip_prompts=args.skip_prompts or 0, turn=args.turn, **{
+                    skip_prompts=args.skip_prompts or 0, turn=args.turn,
+                    answers_from=Path(args.answers_from) if args.answers_from else None, **{
         name: _pick(args, name, mode) for name in ("target_dtype", "num_prompts", "max_prompt_tokens", "max_new_tokens",
                                                    "gen_batch", "feature_batch_tokens")})
     steps = _pick(args, "steps", mode)
@@ -224,12 +228,11 @@ def cmd_train_draft(args) -> int:
     from tandem.errors import InvalidArgument
     from tandem.train.run import evaluate_head, run_train_draft
 
-    cfg, home = config_from_args(args)
-
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
     try:
+        cfg, home = config_from_args(args)  # --answers-from is read for the data folder's name
         if args.eval_head:
             evaluate_head(cfg, home, Path(args.eval_head), log=log)
             print(f"evaluation of {args.eval_head} in {cfg.run_dir / 'evaluation.json'}")

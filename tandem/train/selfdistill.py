@@ -56,6 +56,8 @@ class DataSpec:
     seed: int = 0  # order of the prompt list
     skip_prompts: int = 0  # training shards start this many prompts later
     turn: int = 1  # 2: ShareGPT's second user turns, after the conversation's first exchange
+    answers_from: Path | None = None  # the folder of the same prompts made in the target's other dtype:
+    # its answers are copied, only the features are this spec's (the dtype the head will be served with)
 
     def first_prompt(self, shard: int) -> int:
         return shard * self.shard_prompts + (self.skip_prompts if shard else 0)
@@ -65,7 +67,8 @@ class DataSpec:
         config = (Path(self.target_dir) / "config.json").read_bytes()
         skip = {"skip_prompts": self.skip_prompts} if self.skip_prompts else {}  # older folders have none
         turn = {"turn": self.turn} if self.turn != 1 else {}
-        return {**skip, **turn, "format": DATA_FORMAT, "target_config_sha256": hashlib.sha256(config).hexdigest(),
+        answers = {"answers_dtype": _meta(self.answers_from)["target_dtype"]} if self.answers_from else {}
+        return {**skip, **turn, **answers, "format": DATA_FORMAT, "target_config_sha256": hashlib.sha256(config).hexdigest(),
                 "target_dtype": self.target_dtype, "quick": self.quick, "seed": self.seed,
                 "max_prompt_tokens": self.max_prompt_tokens, "max_new_tokens": self.max_new_tokens,
                 "shard_prompts": self.shard_prompts}
@@ -97,6 +100,37 @@ def features_path(data_dir: Path, shard: int) -> Path:
 def aux_path(data_dir: Path, shard: int, layers: tuple[int, ...]) -> Path:
     """The inputs of the target's `layers` at every position of a shard (EAGLE-3's inputs)."""
     return Path(data_dir) / f"aux-{'-'.join(map(str, layers))}" / f"shard-{shard:05d}.npy"
+
+
+def _meta(folder: Path) -> dict:
+    meta = Path(folder) / "meta.json"
+    if not meta.is_file():
+        raise InvalidArgument(f"{folder} is not a self-distillation folder (no meta.json)")
+    return json.loads(meta.read_text())
+
+
+# What another dtype's folder must share for its answers to be this run's: the same prompts.
+SAME_PROMPTS = ("format", "quick", "seed", "max_prompt_tokens", "max_new_tokens", "shard_prompts", "skip_prompts", "turn")
+
+
+def check_answers_from(spec: DataSpec, shards: list[int]) -> None:
+    """--answers-from must hold the same prompts' answers (those of `shards`), made by this target
+    in its other dtype (the sibling folder of spec.target_dir, ours: float32 / bfloat16)."""
+    have, want = _meta(spec.answers_from), spec.identity()
+    if diff := [k for k in SAME_PROMPTS if have.get(k) != want.get(k)]:
+        raise InvalidArgument(f"--answers-from {spec.answers_from} answers other prompts (differs in {diff})")
+    sibling = Path(spec.target_dir).parent / have["target_dtype"] / "config.json"
+    if have["target_dtype"] == spec.target_dtype or not sibling.is_file() or \
+            hashlib.sha256(sibling.read_bytes()).hexdigest() != have["target_config_sha256"]:
+        raise InvalidArgument(f"--answers-from {spec.answers_from} was not made by this target in another dtype "
+                              f"(its {have['target_dtype']} folder beside {spec.target_dir})")
+    if missing := [k for k in shards if not answers_path(spec.answers_from, k).is_file()]:
+        raise InvalidArgument(f"--answers-from {spec.answers_from} has no answers for shards {missing}: make them there first")
+
+
+def copy_answers(spec: DataSpec, shard: int, data_dir: Path) -> None:
+    source = answers_path(spec.answers_from, shard)
+    _atomic_save(answers_path(data_dir, shard), lambda f: f.write(source.read_bytes()))
 
 
 def check_meta(data_dir: Path, spec: DataSpec) -> None:
@@ -306,6 +340,8 @@ def prepare_data(spec: DataSpec, data_dir: Path, home: Path | None, *, deadline:
     if not new_folder:
         check_meta(data_dir, spec)  # a folder of other data is refused first
     todo = [k for k in range(spec.num_shards) if k not in shards_done(data_dir, spec)]
+    if spec.answers_from:
+        check_answers_from(spec, [k for k in todo if not answers_path(data_dir, k).is_file()])
     prompts = training_prompts(home, quick=spec.quick, seed=spec.seed, turn=spec.turn) if todo else []
     if todo and spec.first_prompt(spec.num_shards) > len(prompts):  # refused before a new folder exists
         raise InvalidArgument(f"--num-prompts {spec.num_prompts} (in shards of {spec.shard_prompts}, plus the "
@@ -323,7 +359,9 @@ def prepare_data(spec: DataSpec, data_dir: Path, home: Path | None, *, deadline:
             log(f"time limit: data stage stopped, {len(todo) - clock['shards']} shards left for the next sitting")
             break
         t0 = time.monotonic()
-        if not answers_path(data_dir, shard).is_file():
+        if spec.answers_from and not answers_path(data_dir, shard).is_file():
+            copy_answers(spec, shard, data_dir)
+        elif not answers_path(data_dir, shard).is_file():
             clock["generated"] += make_answers(model, tokenizer, spec, prompts, shard, data_dir)
         t1 = time.monotonic()
         clock["featured"] += make_features(model, spec, shard, data_dir)

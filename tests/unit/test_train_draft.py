@@ -41,7 +41,8 @@ from tandem.train.acceptance import (STATIC_TREE_SIZES, anchor_rows, best_static
 from tandem.train.methods import DRAFT_METHODS
 from tandem.train.mtbench_eval import evaluate_with_loops
 from tandem.train.run import evaluate_head, run_train_draft
-from tandem.train.selfdistill import DataSpec, answers_path, eos_ids, greedy_batch, render_prompt, water_fill
+from tandem.train.selfdistill import (DataSpec, answers_path, eos_ids, features_path, final_features, greedy_batch,
+                                      render_prompt, water_fill)
 from tandem.train.sharegpt import first_user_turns, iter_complete_objects, second_user_turns
 
 CUT_OFF = """[
@@ -614,3 +615,38 @@ def test_soft_labels_and_draft_layers_are_refused_for_medusa(tiny, tmp_path):
         quick_config(tiny, tmp_path / "run", tmp_path / "data", "--method", "medusa", "--soft-labels")
     with pytest.raises(SystemExit, match="--draft-layers is for EAGLE"):
         quick_config(tiny, tmp_path / "run", tmp_path / "data", "--method", "medusa", "--draft-layers", "2")
+
+
+def test_answers_from_the_other_dtype_are_copied_and_only_the_features_are_made(tmp_path):
+    """Features in the dtype the head will be served with, on answers another dtype made."""
+    bf16 = build_tiny_model(tmp_path / "tiny" / "bfloat16", dtype=torch.bfloat16)
+    fp32 = build_tiny_model(tmp_path / "tiny" / "float32")
+    made = quick_config(bf16, tmp_path / "made", tmp_path / "bf16-data", "--target-dtype", "bfloat16",
+                        "--num-prompts", "8", "--steps", "1")
+    train_quick(made)
+    run = quick_config(fp32, tmp_path / "run", tmp_path / "fp32-data", "--answers-from", str(made.data_dir),
+                       "--num-prompts", "8", "--steps", "1")
+    record = train_quick(run)
+    model = AutoModelForCausalLM.from_pretrained(fp32).eval()
+    for k in (0, 1):
+        assert answers_path(run.data_dir, k).read_bytes() == answers_path(made.data_dir, k).read_bytes()
+        shard = np.load(answers_path(run.data_dir, k))
+        seqs = np.split(shard["tokens"], np.cumsum(shard["lengths"])[:-1])
+        with torch.inference_mode():
+            states = np.concatenate(final_features(model, [s.tolist() for s in seqs], run.data.feature_batch_tokens))
+        ours, theirs = np.load(features_path(run.data_dir, k)), np.load(features_path(made.data_dir, k))
+        assert np.array_equal(ours, states) and not np.array_equal(ours, theirs)  # the float32 target's
+    assert json.loads((run.data_dir / "meta.json").read_text())["answers_dtype"] == "bfloat16"
+    assert "answers (bfloat16; hidden states from the float32 target)" in record["data"]["answers"]
+    same = quick_config(bf16, tmp_path / "same", tmp_path / "same-data", "--target-dtype", "bfloat16",
+                        "--answers-from", str(made.data_dir), "--num-prompts", "8", "--steps", "1")
+    with pytest.raises(InvalidArgument, match="not made by this target in another dtype"):
+        train_quick(same)
+    other = quick_config(fp32, tmp_path / "other", tmp_path / "other-data", "--answers-from", str(made.data_dir),
+                         "--num-prompts", "8", "--skip-prompts", "8", "--steps", "1")
+    with pytest.raises(InvalidArgument, match=r"answers other prompts \(differs in \['skip_prompts'\]\)"):
+        train_quick(other)
+    more = quick_config(fp32, tmp_path / "more", tmp_path / "more-data", "--answers-from", str(made.data_dir),
+                        "--num-prompts", "16", "--steps", "1")
+    with pytest.raises(InvalidArgument, match=r"no answers for shards \[2\]"):
+        train_quick(more)
