@@ -27,7 +27,7 @@ def mtbench_data(cfg: TrainConfig, home: Path, questions: int, dtype: str, log) 
     """The one-shard data folder of the target's answers to the first `questions` questions (and
     the inputs of an EAGLE-3 run's aux layers)."""
     spec = replace(cfg.data, target_dtype=dtype, num_prompts=0, shard_prompts=questions,
-                   target_dir=_target_dir(cfg, dtype))
+                   target_dir=_target_dir(cfg, dtype), answers_from=None)  # its own answers
     out = Path(cfg.run_dir) / f"mtbench-{dtype}-q{questions}-a{spec.max_new_tokens}"
     if shards_done(out, spec) != [0]:
         _make_answers_and_features(spec, home, out, questions, dtype, log)

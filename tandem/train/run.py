@@ -158,18 +158,14 @@ def _previous_record(run_dir: Path) -> dict:
 LOOPS_CUT = " (training answers that loop cut where they first repeat themselves, --cut-loops)"
 
 
-def _answers_dtype(spec) -> str:
-    made = spec.identity().get("answers_dtype")
-    return f"{made}; hidden states from the {spec.target_dtype} target" if made else spec.target_dtype
-
-
 def data_summary(cfg: TrainConfig, data: ShardedData, heldout: ShardedData) -> dict:
     extra = [{"dir": str(d), "source": source_of(json.loads((Path(d) / "meta.json").read_text())),
               "train_sequences": data.sequences_in(d)} for d in cfg.extra_data]
-    return {"data": {"source": source_of(cfg.data.identity()), "train_sequences": len(data),
+    identity = cfg.data.identity()
+    return {"data": {"source": source_of(identity), "train_sequences": len(data),
                      "train_answer_tokens": data.answer_tokens, **({"extra": extra} if extra else {}),
                      "heldout_sequences": len(heldout), "heldout_answer_tokens": heldout.answer_tokens,
-                     "answers": f"the target's own greedy answers ({_answers_dtype(cfg.data)}), up to "
+                     "answers": f"the target's own greedy answers ({identity.get('answers_dtype', cfg.data.target_dtype)}), up to "
                                 f"{cfg.data.max_new_tokens} tokens{LOOPS_CUT if cfg.cut_loops else ''}; prompts "
                                 f"chat-templated, up to {cfg.data.max_prompt_tokens} tokens"}}
 

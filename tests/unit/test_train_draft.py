@@ -40,6 +40,7 @@ from tandem.train.acceptance import (STATIC_TREE_SIZES, anchor_rows, best_static
                                      merge_parts, static_tree_lengths, static_tree_metrics, walk_histogram)
 from tandem.train.methods import DRAFT_METHODS
 from tandem.train.mtbench_eval import evaluate_with_loops
+from tandem.train import selfdistill
 from tandem.train.run import evaluate_head, run_train_draft
 from tandem.train.selfdistill import (DataSpec, answers_path, eos_ids, features_path, final_features, greedy_batch,
                                       render_prompt, water_fill)
@@ -617,7 +618,7 @@ def test_soft_labels_and_draft_layers_are_refused_for_medusa(tiny, tmp_path):
         quick_config(tiny, tmp_path / "run", tmp_path / "data", "--method", "medusa", "--draft-layers", "2")
 
 
-def test_answers_from_the_other_dtype_are_copied_and_only_the_features_are_made(tmp_path):
+def test_answers_from_the_other_dtype_are_copied_and_only_the_features_are_made(tmp_path, monkeypatch):
     """Features in the dtype the head will be served with, on answers another dtype made."""
     bf16 = build_tiny_model(tmp_path / "tiny" / "bfloat16", dtype=torch.bfloat16)
     fp32 = build_tiny_model(tmp_path / "tiny" / "float32")
@@ -626,7 +627,9 @@ def test_answers_from_the_other_dtype_are_copied_and_only_the_features_are_made(
     train_quick(made)
     run = quick_config(fp32, tmp_path / "run", tmp_path / "fp32-data", "--answers-from", str(made.data_dir),
                        "--num-prompts", "8", "--steps", "1")
-    record = train_quick(run)
+    with monkeypatch.context() as m:
+        m.setattr(selfdistill, "make_answers", lambda *a: pytest.fail("generated an answer"))
+        record = train_quick(run)
     model = AutoModelForCausalLM.from_pretrained(fp32).eval()
     for k in (0, 1):
         assert answers_path(run.data_dir, k).read_bytes() == answers_path(made.data_dir, k).read_bytes()
@@ -637,10 +640,15 @@ def test_answers_from_the_other_dtype_are_copied_and_only_the_features_are_made(
         ours, theirs = np.load(features_path(run.data_dir, k)), np.load(features_path(made.data_dir, k))
         assert np.array_equal(ours, states) and not np.array_equal(ours, theirs)  # the float32 target's
     assert json.loads((run.data_dir / "meta.json").read_text())["answers_dtype"] == "bfloat16"
-    assert "answers (bfloat16; hidden states from the float32 target)" in record["data"]["answers"]
+    assert record["data"]["answers"].startswith("the target's own greedy answers (bfloat16)")
+    assert record["data"]["source"].endswith("; answers of the bfloat16 target, hidden states of the float32 one")
+    chained = quick_config(bf16, tmp_path / "chained", tmp_path / "chained-data", "--target-dtype", "bfloat16",
+                           "--answers-from", str(run.data_dir), "--num-prompts", "8", "--steps", "1")
+    with pytest.raises(InvalidArgument, match="answers of the bfloat16 target"):
+        train_quick(chained)  # the float32 folder's answers are the bfloat16 target's
     same = quick_config(bf16, tmp_path / "same", tmp_path / "same-data", "--target-dtype", "bfloat16",
                         "--answers-from", str(made.data_dir), "--num-prompts", "8", "--steps", "1")
-    with pytest.raises(InvalidArgument, match="not made by this target in another dtype"):
+    with pytest.raises(InvalidArgument, match="not made by this target in its other dtype"):
         train_quick(same)
     other = quick_config(fp32, tmp_path / "other", tmp_path / "other-data", "--answers-from", str(made.data_dir),
                          "--num-prompts", "8", "--skip-prompts", "8", "--steps", "1")
