@@ -74,6 +74,7 @@ class Sequence:
     live: bool = False  # the target holds a sequence for it
     draft_live: bool = False  # the draft service holds one too: it speculates
     respeculated: bool = False  # re-prefilled once to speculate (never twice)
+    respeculate_retried: bool = False  # that re-prefill found the draft full: it got one more
     draft_denied: bool = False  # the draft was full when it came in: it takes a place that frees
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0

@@ -388,8 +388,9 @@ class Scheduler:
             wants = bool(self.speculates and self.speculates(seq))
             speculate = wants and self._draft_room(2 if seq.is_parent else 1)
             seq.draft_denied = wants and not speculate
-            if seq.draft_denied:  # a re-prefill that found the draft full (others took the place first)
-                seq.respeculated = False  # has not had its once: the next freed place is its
+            if seq.draft_denied and seq.respeculated and not seq.respeculate_retried:
+                # Its re-prefill found the draft full (others took the place first): one more try.
+                seq.respeculated, seq.respeculate_retried = False, True
             mirrors = self.draft.held.__contains__ if speculate else None
             tokens = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
             ops, seq.num_prefilled = self.kv.add_root(

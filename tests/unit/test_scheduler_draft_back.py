@@ -1,6 +1,9 @@
 """The draft service comes back after a failure: sequences that lost it re-prefill to speculate
 again, where that is worth a prefill and changes no output."""
 
+import random
+from collections import Counter
+
 from router.request import FinishReason
 from router.draft_mirror import RESPECULATE_MIN_TOKENS_LEFT
 from router.scheduler import Scheduler
@@ -249,3 +252,33 @@ def test_a_re_prefill_that_found_the_draft_full_is_not_its_one_and_the_next_free
     assert late.draft_live and sched.respeculated_total == 4
     for _ in range(8):
         draft(step(sched))
+
+
+def test_no_sequence_re_prefills_more_than_twice_whatever_takes_the_draft_first():
+    """Random trees, plain requests and finishes against a small draft: a sequence that lost its
+    re-prefill's place gets one more try, never a third, and nothing is sent the draft it cannot take."""
+    retried = 0
+    for seed in range(60):
+        rng = random.Random(seed)
+        capacity = rng.choice([2, 3])
+        sched = Scheduler(limits(spec_draft_length=1, max_num_sequence=rng.choice([6, 8])), speculating,
+                          draft_capacity=lambda: capacity)
+        draft, requests, prefills = draft_model(capacity), [], Counter()
+        respeculate = sched._respeculate
+
+        def counted() -> None:
+            before = {id(s) for s in [*sched.running, *sched.forking, *sched.waiting] if s.respeculated}
+            respeculate()
+            prefills.update(id(s) for s in sched.waiting if s.respeculated and id(s) not in before)
+
+        sched._respeculate = counted
+        for tag in range(1, 40):
+            if rng.random() < 0.3 and len(requests) < 8:
+                requests.append(submit(sched, tag, rng.choice([4, 5, 9]), n=rng.choice([1, 1, 2, 3]), max_tokens=64))
+            elif live := [s for r in requests for s in r.choices if s.live and s.output_ids]:
+                if rng.random() < 0.3:
+                    finish(sched, rng.choice(live))
+            draft(step(sched))
+        assert max(prefills.values(), default=0) <= 2, seed
+        retried += sum(s.respeculate_retried for r in requests for s in r.choices)
+    assert retried  # the second try was taken
