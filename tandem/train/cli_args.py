@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tandem.envvars import env_flag
-from tandem.train.config import METHODS, SCHEDULES, TrainConfig  # light: torch comes with the command
+from tandem.train.config import DTYPES, METHODS, SCHEDULES, TrainConfig  # light: torch comes with the command
 
 FULL = {"num_prompts": 1920, "max_prompt_tokens": 256, "max_new_tokens": 256, "shard_prompts": 96, "gen_batch": 48,
         "feature_batch_tokens": 8192, "steps": 2000, "batch_size": 16, "warmup_steps": 100, "checkpoint_every": 200,
@@ -18,7 +18,6 @@ QUICK = {"num_prompts": 24, "max_prompt_tokens": 48, "max_new_tokens": 16, "shar
          "feature_batch_tokens": 1024, "steps": 30, "batch_size": 8, "warmup_steps": 0, "checkpoint_every": 10,
          "log_every": 5, "compute_dtype": "float32", "target_dtype": "float32", "threads": 1, "eval_mtbench": 0}
 LR = {("eagle", False): 3e-4, ("medusa", False): 1e-3, ("eagle", True): 3e-3, ("medusa", True): 3e-3}
-DTYPES = ["float32", "bfloat16"]
 
 
 def _env(name: str):
@@ -232,7 +231,7 @@ def cmd_train_draft(args) -> int:
         print(message, file=sys.stderr, flush=True)
 
     try:
-        cfg, home = config_from_args(args)  # --answers-from is read for the data folder's name
+        cfg, home = config_from_args(args)
         if args.eval_head:
             evaluate_head(cfg, home, Path(args.eval_head), log=log)
             print(f"evaluation of {args.eval_head} in {cfg.run_dir / 'evaluation.json'}")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tandem.train.selfdistill import DataSpec
 
+DTYPES = ("float32", "bfloat16")  # the target's and the training matmuls'
 METHODS = ("eagle", "medusa")
 SCHEDULES = ("cosine", "linear")
 

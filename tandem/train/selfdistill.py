@@ -35,6 +35,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from tandem.errors import InvalidArgument
+from tandem.train.config import DTYPES
 from tandem.train.progress import progress
 from tandem.train.sharegpt import Prompt, messages, training_prompts
 
@@ -100,9 +101,6 @@ def features_path(data_dir: Path, shard: int) -> Path:
 def aux_path(data_dir: Path, shard: int, layers: tuple[int, ...]) -> Path:
     """The inputs of the target's `layers` at every position of a shard (EAGLE-3's inputs)."""
     return Path(data_dir) / f"aux-{'-'.join(map(str, layers))}" / f"shard-{shard:05d}.npy"
-
-
-DTYPES = ("float32", "bfloat16")
 
 
 def other_dtype(dtype: str) -> str:

@@ -16,8 +16,8 @@ from tandem.models.eagle_io import D2T_FILE, random_eagle_checkpoint
 from tandem.train.dataset import ShardedData
 from tandem.train.loop import load_checkpoint
 from tandem.train.methods import DRAFT_METHODS
-from tests.unit.test_train_draft import (assert_the_head_folder_evaluates_as_its_run, data_dir, full_data_loss,  # noqa: F401
-                                         quick_config, run_loaded_head, tiny, train_quick)
+from tests.unit.test_train_draft import assert_the_head_folder_evaluates_as_its_run, full_data_loss, run_loaded_head
+from tests.unit.train_helpers import data_dir, quick_config, tiny, train_quick  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
