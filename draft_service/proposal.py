@@ -18,4 +18,6 @@ def proposal_sampler(params, num_live: int, config, vocab_size: int, device) -> 
     if config.proposal_top_k and not 0 < top_k <= config.proposal_top_k:
         top_k = config.proposal_top_k
     proposal = replace(params, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, top_k=top_k)
+    if params.keyed:  # verified against the target's keyed draw: its likeliest token, no proposal sent
+        proposal = replace(proposal, temperature=0.0)
     return SamplingState(proposal, vocab_size, device)

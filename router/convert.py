@@ -52,6 +52,7 @@ def sampler_from_pb(p: pb.SamplingParams, vocab_size: int) -> SamplingParams:
         seed=p.seed if p.HasField("seed") else None,
         logprobs=p.logprobs or p.top_logprobs > 0,
         top_logprobs=p.top_logprobs,
+        keyed_draws=p.HasField("seed"),  # reproducible whatever the schedule (keyed.py)
     )
     sampler.validate(vocab_size)
     return sampler

@@ -83,8 +83,6 @@ def worth_respeculating(seq: Sequence, speculates: Callable[[Sequence], bool] | 
         return False
     if seq.is_parent:  # it samples nothing itself; its children fork from it speculating
         return bool(seq.request.unactivated)
-    if seq.sampler.seed is not None and not seq.sampler.greedy:
-        return False  # a resumed sequence draws from a fresh stream of its seed
     left = seq.spec.max_tokens - len(seq.output_ids)
     context = len(seq.spec.prompt_ids) + len(seq.output_ids)
     return left >= max(RESPECULATE_MIN_TOKENS_LEFT, context // 4)

@@ -279,10 +279,9 @@ class Scheduler:
         return need
 
     def _victim(self) -> Sequence:
-        """The newest running sequence, sparing seeded sampled ones while others can go: a
-        resumed sequence draws from a fresh stream of its seed, so its output would change."""
-        spare = [s for s in self.running if s.sampler.seed is None or s.sampler.greedy]
-        return (spare or self.running)[-1]
+        """The newest running sequence (a seeded one resumes to the same output: its draws are
+        keyed by position, tandem/sampling/keyed.py)."""
+        return self.running[-1]
 
     def _idle_parent(self) -> Sequence | None:
         """A prefilled parent of a request that runs nothing now: its pages are its own."""

@@ -46,6 +46,7 @@ def sampler_to_pb(p: SamplingParams) -> pb.SamplerConfig:
         logit_bias=dict(p.logit_bias),
         logprobs=p.logprobs,
         top_logprobs=p.top_logprobs,
+        keyed_draws=p.keyed_draws,
     )
     if p.seed is not None:
         msg.seed = p.seed
@@ -65,6 +66,7 @@ def sampler_from_pb(m: pb.SamplerConfig) -> SamplingParams:
         seed=m.seed if m.HasField("seed") else None,
         logprobs=m.logprobs,
         top_logprobs=m.top_logprobs,
+        keyed_draws=m.keyed_draws,
     )
 
 

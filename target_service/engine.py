@@ -275,9 +275,8 @@ class TargetEngine:
         """Accepts a prefix of each entry's drafts; keeps only the accepted tokens' KV."""
         if not entries:
             return {}
-        need_probs = any(
-            not self._samplers[e.seq_id].params.greedy and (e.sampled_tree or not e.tree_parents) for e in entries
-        )
+        need_probs = any(_verifies_with_q(self._samplers[e.seq_id].params) and (e.sampled_tree or not e.tree_parents)
+                         for e in entries)
         probs = (self.peer.take_probs(draft_step_id, self.config.draft_probs_timeout_s) or {}) if need_probs else {}
         probs = {s: received_proposal(q) for s, q in probs.items()}  # fp16 on the wire
         out = {}
@@ -291,7 +290,8 @@ class TargetEngine:
                 q = probs.get(e.seq_id)
                 q = q if q is not None and q.shape[0] == k else None
                 drafts = e.token_ids[len(e.token_ids) - k :]
-                result = verify_chain(rows, drafts, q, self._samplers[e.seq_id])
+                first = len(self._tokens[e.seq_id]) - k  # the index row 0 scores
+                result = verify_chain(rows, drafts, q, self._samplers[e.seq_id], first)
                 self._kept_nodes[e.seq_id] = tuple(range(result.num_accepted + 1))
                 rejected = k - result.num_accepted
                 if rejected:
@@ -311,7 +311,7 @@ class TargetEngine:
         if q is not None and (q.shape[1] != rows.shape[1] or not fits_sampled_tree(q, tree)):
             log.warning("draft probabilities of sequence %d do not fit its tree: verified as top-k", e.seq_id)
             q = None
-        result = verify_tree(rows, tree, q, self._samplers[e.seq_id])
+        result = verify_tree(rows, tree, q, self._samplers[e.seq_id], len(self._tokens[e.seq_id]) - k)
         kept = (0, *result.accepted_nodes)
         start = self.allocator.length(e.seq_id) - (k + 1)
         self.cache.keep_path(e.seq_id, start, kept)
@@ -371,12 +371,17 @@ class TargetEngine:
 
     def _sample(self, logits: torch.Tensor, seq_ids: list[int]) -> list[SampledToken]:
         states = [self._samplers[s] for s in seq_ids]
-        out = sample(logits, states)
+        out = sample(logits, states, [len(self._tokens[s]) for s in seq_ids])  # each token's index
         tokens = []
         for i, state in enumerate(states):
             state.observe_output(out.token_ids[i])
             tokens.append(SampledToken(out.token_ids[i], out.logprobs[i], tuple(out.top_logprobs[i])))
         return tokens
+
+
+def _verifies_with_q(params) -> bool:
+    """Sampled, not keyed: speculative sampling needs the draft's proposal distribution."""
+    return not (params.greedy or params.keyed)
 
 
 def _check_tree(e: StepEntry) -> None:

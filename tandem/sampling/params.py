@@ -6,6 +6,9 @@ Words:
   logit divided by, a negative logit multiplied by, `repetition_penalty`), frequency and
   presence (OpenAI: on output tokens only, `logit -= frequency * count + presence * (count > 0)`).
 - filters: top-k, top-p and min-p, applied to the tempered distribution (see sampler.py).
+- keyed: a seeded sampled sequence whose token at each index is drawn with noise keyed by
+  (seed, index) instead of its random stream's next numbers (see keyed.py): the router asks it
+  for every seeded request, so that the output does not depend on the schedule.
 """
 
 from __future__ import annotations
@@ -35,10 +38,16 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh random seed per sequence
     logprobs: bool = False
     top_logprobs: int = 0
+    keyed_draws: bool = False  # with a seed: position-keyed draws (keyed.py)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def keyed(self) -> bool:
+        """Sampled with position-keyed draws: no random stream, no proposal needed to verify."""
+        return self.keyed_draws and self.seed is not None and not self.greedy
 
     @property
     def has_penalties(self) -> bool:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tandem.sampling.keyed import keyed_draw
 from tandem.sampling.params import SamplingParams
 from tandem.sampling.state import SamplingState
 
@@ -258,12 +259,13 @@ def _race_distinct(probs: Tensor, k: int, generator: torch.Generator) -> Tensor:
     return support[keys.topk(min(k, len(support))).indices]
 
 
-def sample(logits: Tensor, states: Sequence[SamplingState]) -> SampleResult:
+def sample(logits: Tensor, states: Sequence[SamplingState], indices: Sequence[int] = ()) -> SampleResult:
     """Sample one token per row and report raw logprobs.
 
     logits: [B, V] raw logits, any float dtype. Greedy rows take the argmax of the processed
-    logits and draw nothing from their generator; sampled rows `draw` from `probabilities`.
-    Tokens are not recorded in the states: the caller calls `observe_output` on commit.
+    logits and draw nothing from their generator; sampled rows `draw` from `probabilities`, keyed
+    ones (`params.keyed`) with `keyed_draw` at `indices[row]`, the index of the token in its
+    sequence. Tokens are not recorded in the states: the caller calls `observe_output` on commit.
     """
     assert logits.dim() == 2 and logits.shape[0] == len(states)
     processed = process_logits(logits, states)
@@ -272,7 +274,7 @@ def sample(logits: Tensor, states: Sequence[SamplingState]) -> SampleResult:
     if sampled:
         sub_states = [states[i] for i in sampled]
         probs = probabilities(processed[sampled], sub_states)
-        token_ids[sampled] = draw(probs, [s.generator for s in sub_states])
+        token_ids[sampled] = _draws(probs, sub_states, [indices[i] for i in sampled] if indices else ())
     raw_logprobs = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
     chosen = raw_logprobs.gather(1, token_ids[:, None]).squeeze(1)
     return SampleResult(
@@ -280,6 +282,20 @@ def sample(logits: Tensor, states: Sequence[SamplingState]) -> SampleResult:
         logprobs=chosen.tolist(),
         top_logprobs=_top_logprobs(raw_logprobs, states),
     )
+
+
+def _draws(probs: Tensor, states: Sequence[SamplingState], indices: Sequence[int]) -> Tensor:
+    """[R] tokens of sampled rows: keyed draws at `indices` for keyed states, else each
+    state's stream."""
+    keyed = [i for i, s in enumerate(states) if s.params.keyed]
+    if not keyed:
+        return draw(probs, [s.generator for s in states])
+    assert len(indices) == len(states), "keyed rows need their token indices"
+    tokens = torch.empty(len(states), dtype=torch.int64, device=probs.device)
+    tokens[keyed] = keyed_draw(probs[keyed], [states[i].params.seed for i in keyed], [indices[i] for i in keyed])
+    if streamed := [i for i in range(len(states)) if i not in keyed]:
+        tokens[streamed] = draw(probs[streamed], [states[i].generator for i in streamed])
+    return tokens
 
 
 def _top_logprobs(

@@ -25,6 +25,8 @@ continues the walk from its own p. The siblings' proposals q_j depend on how the
   tokens of Medusa static trees and EAGLE-2 dynamic trees are. Each child is its own point mass,
   q_j = one-hot(t): accept t with probability r(t), on rejection zero r(t) and renormalise
   (EAGLE's tree sampling rule).
+Keyed (a seeded request, `params.keyed`): the greedy walk over each row's keyed draw at the
+node's token index (tandem.sampling.keyed); the output equals plain decoding's.
 Why it is exact: for one sibling c ~ q_j, accepting with min(1, r / q_j) gives token x with
 probability min(r(x), q_j(x)); the rest, 1 - sum(min(r, q_j)) = sum(max(r - q_j, 0)), goes to
 norm(max(r - q_j, 0)) by induction over the remaining siblings, which are drawn from q_{j+1}
@@ -38,12 +40,13 @@ rule is exact, so any tree may be verified as deterministic, sampled ones includ
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from tandem.sampling.keyed import keyed_draw
 from tandem.sampling.sampler import draw, probabilities, process_logits
 from tandem.sampling.state import SamplingState
 from tandem.sampling.verify import VerifiedToken, VerifyResult, _verified_tokens
@@ -71,6 +74,7 @@ def verify_tree(
     tree: TokenTree,
     draft_probs: DraftProbs | None,
     state: SamplingState,
+    first_index: int = 0,
 ) -> TreeVerifyResult:
     """Accept the drafts along one path of the tree, emit one recovered or bonus token after them.
 
@@ -83,13 +87,19 @@ def verify_tree(
         chosen deterministically (top-k), verified as point masses. Ignored by greedy states.
     state: the sequence's sampling state. Its generator is consumed (sampling only); every
         emitted token is recorded with `observe_output`, in order.
+    first_index: the index in its sequence of the token the root's row scores (keyed states);
+        a node at depth d scores index first_index + d.
     """
     n, vocab_size = len(tree), state.vocab_size
     assert target_logits.dim() == 2 and tuple(target_logits.shape) == (n, vocab_size)
     assert all(t < vocab_size for t in tree.tokens), "tree tokens must be < the vocabulary size"
     rows = _PathRows(target_logits, state)
     if state.params.greedy:
-        accepted, last = _walk_greedy(rows, tree)
+        accepted, last = _walk_greedy(rows, tree, lambda node: int(rows.processed(node).argmax()))
+    elif state.params.keyed:
+        seed, depths = state.params.seed, tree.depths
+        keyed = lambda node: int(keyed_draw(rows.probs(node)[None], [seed], [first_index + depths[node]])[0])  # noqa: E731
+        accepted, last = _walk_greedy(rows, tree, keyed)
     else:
         q_of = _draft_probs_by_node(draft_probs, tree, vocab_size)
         accepted, last = _walk_sampled(rows, tree, q_of, state.generator)
@@ -138,11 +148,12 @@ class _PathRows:
             self._scratch.observe_output(token_id)
 
 
-def _walk_greedy(rows: _PathRows, tree: TokenTree) -> tuple[list[int], int]:
-    """Returns (accepted nodes, the recovered or bonus token); draws nothing."""
+def _walk_greedy(rows: _PathRows, tree: TokenTree, choose: Callable[[int], int]) -> tuple[list[int], int]:
+    """Returns (accepted nodes, the recovered or bonus token): at each node, the child whose
+    token is `choose(node)`, the target's own token of its row (its argmax, or its keyed draw)."""
     node, accepted = 0, []
     while True:
-        best = int(rows.processed(node).argmax())
+        best = choose(node)
         match = [c for c in tree.children[node] if tree.tokens[c] == best]
         if not match:
             return accepted, best  # recovered (or bonus at a leaf)

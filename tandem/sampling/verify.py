@@ -11,6 +11,8 @@ Words (as in vLLM v1's rejection sampler):
 - recovered token: emitted at the first rejected position j instead of d_{j+1}. Greedy: the argmax
   of row j. Sampling: drawn from norm(max(p_j - q_j, 0)) (from p_j where that residual is zero).
 - bonus token: emitted after all k drafts were accepted, from row k (argmax, or drawn from p_k).
+- keyed (a seeded request, `params.keyed`): greedy over the keyed draw of each row instead of its
+  argmax (tandem.sampling.keyed): the output equals plain decoding's; no proposal is needed.
 Every step emits `num_accepted + 1` tokens: the accepted drafts, then one recovered or bonus
 token, and together they are distributed exactly as if the target had sampled them one by one.
 Logprobs are raw: log_softmax of the raw target logits (as in `sample`).
@@ -19,12 +21,13 @@ Logprobs are raw: log_softmax of the raw target logits (as in `sample`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from tandem.sampling.keyed import keyed_draw
 from tandem.sampling.sampler import draw, probabilities, process_logits
 from tandem.sampling.state import SamplingState
 
@@ -51,6 +54,7 @@ def verify_chain(
     draft_tokens: Sequence[int],
     draft_probs: Tensor | None,
     state: SamplingState,
+    first_index: int = 0,
 ) -> VerifyResult:
     """Accept a prefix of the draft chain, emit one recovered or bonus token, record all outputs.
 
@@ -62,17 +66,22 @@ def verify_chain(
         accepts nothing and emits one token sampled from p_0: a plain decode step.
     state: the sequence's sampling state. Its generator is consumed (sampling only); every
         emitted token is recorded with `observe_output`, in order.
+    first_index: the index in its sequence of the token row 0 scores (keyed states).
     """
     k = len(draft_tokens)
     vocab_size = state.vocab_size
     assert target_logits.dim() == 2 and tuple(target_logits.shape) == (k + 1, vocab_size)
     assert all(0 <= d < vocab_size for d in draft_tokens)
     assert draft_probs is None or tuple(draft_probs.shape) == (k, vocab_size)
-    if not state.params.greedy and draft_probs is None:
+    if not (state.params.greedy or state.params.keyed) and draft_probs is None:
         draft_tokens = ()
     rows = _TargetRows(target_logits[: len(draft_tokens) + 1], state)
     if state.params.greedy:
-        num_accepted, last = _verify_greedy(rows, draft_tokens)
+        num_accepted, last = _verify_greedy(draft_tokens, lambda j: int(rows.processed(j).argmax()), rows.accept)
+    elif state.params.keyed:
+        seed = state.params.seed
+        choose = lambda j: int(keyed_draw(rows.probs(j)[None], [seed], [first_index + j])[0])  # noqa: E731
+        num_accepted, last = _verify_greedy(draft_tokens, choose, rows.accept)
     else:
         assert draft_probs is not None or len(draft_tokens) == 0
         num_accepted, last = _verify_sampled(rows, draft_tokens, draft_probs, state.generator)
@@ -129,14 +138,16 @@ class _TargetRows:
             self._scratch.observe_output(token_id)
 
 
-def _verify_greedy(rows: _TargetRows, draft_tokens: Sequence[int]) -> tuple[int, int]:
-    """Returns (num_accepted, the recovered or bonus token); draws nothing."""
+def _verify_greedy(draft_tokens: Sequence[int], choose: Callable[[int], int],
+                   accept: Callable[[int], None]) -> tuple[int, int]:
+    """Returns (num_accepted, the recovered or bonus token): drafts are kept while each equals
+    `choose(j)`, the target's own token of row j (its argmax, or its keyed draw)."""
     for j, d in enumerate(draft_tokens):
-        best = int(rows.processed(j).argmax())
+        best = choose(j)
         if d != best:
             return j, best  # recovered
-        rows.accept(d)
-    return len(draft_tokens), int(rows.processed(len(draft_tokens)).argmax())  # bonus
+        accept(d)
+    return len(draft_tokens), choose(len(draft_tokens))  # bonus
 
 
 def _verify_sampled(

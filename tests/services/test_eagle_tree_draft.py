@@ -48,7 +48,8 @@ def test_greedy_trees_equal_target_and_accept_more_than_one(eagle_tree, referenc
 
 def test_sampled_trees_run_and_leave_no_pages(eagle_tree, monkeypatch):
     """Sampled trees reach the target with their proposals (over the peer stream, flagged by the
-    router) and are verified with them; a seeded request repeats itself."""
+    router) and are verified with them; a seeded request (keyed draws: top-k trees verified
+    without proposals) repeats itself."""
     engine, proposals = eagle_tree.target_engine, []
     verify_tree = engine._verify_tree
 
@@ -57,9 +58,12 @@ def test_sampled_trees_run_and_leave_no_pages(eagle_tree, monkeypatch):
         return verify_tree(e, rows, q)
 
     monkeypatch.setattr(engine, "_verify_tree", spy)
-    ids, _, _, last = generate(eagle_tree.stub, prompt=TINY_PROMPTS[2], params=sampled(seed=11))
+    ids, _, _, last = generate(eagle_tree.stub, prompt=TINY_PROMPTS[2], params=sampled())
     assert len(ids) == 32 and last.usage.draft_tokens > 0
     assert proposals and all(flag and fits for flag, fits in proposals)
+    proposals.clear()
+    ids, _, _, last = generate(eagle_tree.stub, prompt=TINY_PROMPTS[2], params=sampled(seed=11))
+    assert last.usage.draft_tokens > 0 and proposals and not any(flag or fits for flag, fits in proposals)
     again, _, _, _ = generate(eagle_tree.stub, prompt=TINY_PROMPTS[2], params=sampled(seed=11))
     assert again == ids
     assert eagle_tree.wait_idle().sequences_live == 0

@@ -6,7 +6,7 @@ import pytest
 from router.limits import EngineLimits
 from router.scheduler import Scheduler
 from tandem.errors import InvalidArgument
-from tests.unit.scheduler_helpers import SEEDED, finish, limits, run, submit
+from tests.unit.scheduler_helpers import finish, limits, run, submit
 
 
 def drain(sched, requests, steps=200):
@@ -51,12 +51,3 @@ def test_held_limit_below_two_is_refused():
         EngineLimits(max_num_sequence=4, max_held_sequences=1, max_total_sequence_length=16,
                      prefill_chunk_size=8, spec_draft_length=0, prefix_cache_max_num_recycling_seqs=-1,
                      kv_page_size=4, kv_pages_total=4)
-
-
-def test_preemption_spares_seeded_sampled_sequences_while_others_can_go():
-    sched = Scheduler(limits(kv_page_size=4, kv_pages_total=6, max_total_sequence_length=24))
-    greedy = submit(sched, 1, 4, max_tokens=12)
-    seeded = submit(sched, 2, 4, max_tokens=12, sampler=SEEDED)  # newer, but seeded
-    drain(sched, [greedy, seeded])
-    assert sched.preempted_total > 0
-    assert seeded.choices[0].seq_id == 2  # never preempted: it kept its first sequence
