@@ -1,5 +1,5 @@
 """`tandem bench --mode spec`: speculation compared in one run on one machine. On MT-bench first
-turns, greedy and at temperature 1 (seeded), at batch 1 and with --concurrency streams:
+turns, greedy and at temperature 1 (tandem unseeded), at batch 1 and with --concurrency streams:
 transformers' generate and prompt lookup, tandem plain, EAGLE chain, EAGLE tree and Medusa.
 
 Every stack runs from the start; within a cell (temperature, batch) the modes take turns group by

@@ -28,7 +28,7 @@ def add_spec_flags(p) -> None:
                    help="the routers' --spec-disable-batch-size (default: the device's, as tandem up)")
     p.add_argument("--lookup-tokens", type=int, default=10,
                    help="transformers' prompt_lookup_num_tokens (the value its documentation uses)")
-    p.add_argument("--seed", type=int, default=0, help="temperature 1: request i draws with seed + i")
+    p.add_argument("--seed", type=int, default=0, help="temperature 1: transformers' batch i samples after torch.manual_seed(seed + i); tandem's requests are unseeded (speculative sampling)")
     p.add_argument("--temperatures", type=_floats, default=TEMPERATURES,
                    help="comma-separated sampling temperatures, one cell each (default 0,1)")
     p.add_argument("--rows", type=_rows, default=ROWS,

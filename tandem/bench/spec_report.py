@@ -21,8 +21,9 @@ NOTES = (
     " with its error.",
     "Accepted length: tokens per verify step, the bonus token included (tandem: from each request's"
     " Usage; transformers: tokens per forward pass and sequence, so plain generate is 1).",
-    "Temperature 1: full distribution (no top-k / top-p), request i seeded with seed + i; speculative"
-    " sampling keeps the target's distribution, not its draws, so outputs differ between modes.",
+    "Temperature 1: full distribution (no top-k / top-p); transformers' batch i seeded with seed + i,"
+    " tandem's requests unseeded (speculative sampling, as unseeded requests are served; a seeded one"
+    " draws keyed and is verified against its own draw); outputs differ between modes.",
     "Time split from the router's Stats: target = the target's compute in its steps; draft = the"
     " draft's time in its calls (its wait for the target's hidden states included); RPC = call wall"
     " time less the service's own time; router and client = the rest of the wall time.",

@@ -78,7 +78,7 @@ class TandemRunner:
         return stats_counters(self.stub)
 
     def run(self, group: list[list[int]], temperature: float, seeds: list[int]) -> GroupResult:
-        usages = generate_group(self.stub, group, self.max_tokens, temperature, seeds)
+        usages = generate_group(self.stub, group, self.max_tokens, temperature)  # seeds: transformers' only
         depth = max((len(u.accepted_by_depth) for u in usages), default=0)
         by_depth = tuple(sum(u.accepted_by_depth[i] for u in usages if i < len(u.accepted_by_depth))
                          for i in range(depth))

@@ -23,11 +23,11 @@ class StreamUsage:
     looping: bool  # the completion repeats itself (tandem.loops)
 
 
-def generate_one(stub, ids: list[int], max_tokens: int, temperature: float, seed: int) -> StreamUsage:
-    """Exactly max_tokens tokens (eos ignored), seeded when sampling."""
+def generate_one(stub, ids: list[int], max_tokens: int, temperature: float) -> StreamUsage:
+    """Exactly max_tokens tokens (eos ignored). Unseeded when sampling, as most requests are: a
+    seed would draw keyed, its drafts verified against its own draw (tandem/sampling/keyed.py)
+    rather than by speculative sampling."""
     params = pb.SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=True)
-    if temperature > 0:
-        params.seed = seed
     return stream_usage(stub.Generate(pb.GenerateRequest(token_ids=ids, params=params), timeout=3600))
 
 
@@ -45,11 +45,10 @@ def stream_usage(responses) -> StreamUsage:
                        tuple(usage.accepted_by_depth), loops(tokens))
 
 
-def generate_group(stub, group: list[list[int]], max_tokens: int, temperature: float,
-                   seeds: list[int]) -> list[StreamUsage]:
+def generate_group(stub, group: list[list[int]], max_tokens: int, temperature: float) -> list[StreamUsage]:
     """The group's prompts as concurrent streams (one thread each); returns when all are done."""
     with ThreadPoolExecutor(len(group)) as pool:
-        return list(pool.map(lambda ids, seed: generate_one(stub, ids, max_tokens, temperature, seed), group, seeds))
+        return list(pool.map(lambda ids: generate_one(stub, ids, max_tokens, temperature), group))
 
 
 def stats_counters(stub) -> dict[str, float]:
