@@ -59,6 +59,9 @@ class DraftEngine:
             dtype=head.dtype, device=self.device,
         )
         self._head_forward = lambda batch, tokens, feats: head.forward(tokens, feats, batch, self.cache)
+        # Positions the head's rope spans (the target's max_position_embeddings): a target run
+        # with a longer context gets no drafts past them.
+        self.max_positions = head.rope_cos.shape[0]
         if self.device.type == "cuda" and config.cuda_graphs:
             self._head_forward = GraphedForward(self._head_forward)
         self._seqs: dict[int, _Seq] = {}
@@ -146,7 +149,8 @@ class DraftEngine:
         self.allocator.pop(seq_id, seq.speculative)
         seq.speculative = 0
         pairs = _contiguous(self.peer.take(seq_id), self.allocator.length(seq_id))
-        if pairs is not None and self.allocator.pages_needed(seq_id, len(pairs[0])) <= self.allocator.num_free_pages:
+        fits = pairs is not None and self.allocator.length(seq_id) + len(pairs[0]) <= self.max_positions
+        if fits and self.allocator.pages_needed(seq_id, len(pairs[0])) <= self.allocator.num_free_pages:
             seq.settled = (pairs[0][-1], self._forward([(seq_id, pairs[0], pairs[1])])[0])
         return seq
 
@@ -161,23 +165,29 @@ class DraftEngine:
             self.allocator.pop(s.seq_id, seq.speculative)
             seq.speculative = 0
         ready = {}  # seq_id -> (tokens, features) of the new real pairs
+        k = {}  # seq_id -> the depth it drafts to
         for s in request.seqs:
             if s.num_tokens <= 0:
                 continue  # its pairs stay buffered for a later call
             pairs = _contiguous(self.peer.take(s.seq_id), self.allocator.length(s.seq_id))
-            if pairs is not None and self._reserve(s.seq_id, len(pairs[0]) + self._speculative_bound(s.num_tokens)):
-                ready[s.seq_id] = pairs
+            if pairs is None and self._seqs[s.seq_id].settled is None:
+                continue
+            new = len(pairs[0]) if pairs is not None else 0
+            # Its last pair and the speculative positions after it stay within the rope table.
+            depth = min(s.num_tokens, self.max_positions + 1 - self.allocator.length(s.seq_id) - new)
+            if depth > 0 and self._reserve(s.seq_id, new + self._speculative_bound(depth)):
+                k[s.seq_id] = depth
+                if pairs is not None:
+                    ready[s.seq_id] = pairs
         start = {}  # seq_id -> (pending token, predicted feature [D]) of its last real pair
         if ready:
             with ending(self._prefill_span(request.after_target_step, span, ready)):
                 features = self._forward([(s, *ready[s]) for s in ready])
             start = {s: (ready[s][0][-1], f) for s, f in zip(ready, features)}
-        for s in request.seqs:
-            settled = self._seqs[s.seq_id].settled
-            if s.num_tokens > 0 and s.seq_id not in start and settled is not None:
-                start[s.seq_id] = settled
+        for s in k:
+            if s not in start:  # no new pairs: it starts from the pair a settle absorbed
+                start[s] = self._seqs[s].settled
         tokens = {s.seq_id: () for s in request.seqs}
-        k = {s.seq_id: s.num_tokens for s in request.seqs}
         if self.config.shape == "tree":
             parents = dict(tokens)
             trees, sampled = self._trees(start, k, request.draft_step_id)

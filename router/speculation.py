@@ -140,7 +140,7 @@ class Speculator:
             draft_step_id=next(self._draft_ids),
             after_target_step=after_step,
             ops=tuple(self._ops),
-            seqs=tuple(DraftSeq(e.seq_id, min(self.k, self._room(s))) for e, s in wanted),
+            seqs=tuple(DraftSeq(e.seq_id, min(self.k, self._room(s), cap(s))) for e, s in wanted),
         )
         self._ops = []
         started = time.perf_counter()

@@ -41,7 +41,7 @@ from tandem.sampling.sampler import received_proposal, sample
 from tandem.peer import HiddenPairs, HiddenStep, TargetPeer
 from tandem.sampling.state import SamplingState
 from tandem.sampling.tree_verify import fits_sampled_tree, verify_tree
-from tandem.sampling.verify import verify_chain
+from tandem.sampling.verify import fits_chain, verify_chain
 from tandem.spec.token_tree import TokenTree
 from tandem.telemetry.tracing import carrier, step_phases
 from target_service.config import TargetConfig
@@ -287,9 +287,8 @@ class TargetEngine:
                 q = probs.get(e.seq_id) if e.sampled_tree else None
                 result = self._verify_tree(e, rows, q[: k + 1] if q is not None and q.shape[0] > k else None)
             else:
-                q = probs.get(e.seq_id)
-                q = q if q is not None and q.shape[0] == k else None
                 drafts = e.token_ids[len(e.token_ids) - k :]
+                q = _chain_proposal(probs.get(e.seq_id), drafts, rows.shape[1], e.seq_id)
                 first = len(self._tokens[e.seq_id]) - k  # the index row 0 scores
                 result = verify_chain(rows, drafts, q, self._samplers[e.seq_id], first)
                 self._kept_nodes[e.seq_id] = tuple(range(result.num_accepted + 1))
@@ -377,6 +376,19 @@ class TargetEngine:
             state.observe_output(out.token_ids[i])
             tokens.append(SampledToken(out.token_ids[i], out.logprobs[i], tuple(out.top_logprobs[i])))
         return tokens
+
+
+def _chain_proposal(q: torch.Tensor | None, drafts, vocab_size: int, seq_id: int) -> torch.Tensor | None:
+    """A chain's proposal rows as verify_chain takes them: the first k (the router may cut a chain
+    after it was drafted; row j belongs to draft j + 1 whatever follows), or None when they
+    cannot verify it (a faulty or stale row), which verifies nothing this step."""
+    if q is None or q.shape[0] < len(drafts):
+        return None
+    q = q[: len(drafts)]
+    if q.shape[1] != vocab_size or not fits_chain(q, drafts):
+        log.warning("draft probabilities of sequence %d do not fit its chain: no drafts verified", seq_id)
+        return None
+    return q
 
 
 def _verifies_with_q(params) -> bool:

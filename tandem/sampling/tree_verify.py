@@ -49,7 +49,7 @@ from torch import Tensor
 from tandem.sampling.keyed import keyed_draw
 from tandem.sampling.sampler import draw, probabilities, process_logits
 from tandem.sampling.state import SamplingState
-from tandem.sampling.verify import VerifiedToken, VerifyResult, _verified_tokens
+from tandem.sampling.verify import VerifiedToken, VerifyResult, _verified_tokens, proper_proposal
 from tandem.spec.token_tree import TokenTree
 
 # node -> [V] draft distribution its children were drawn from, or [N, V] indexed by node.
@@ -238,9 +238,7 @@ def fits_sampled_tree(draft_probs: Tensor, tree: TokenTree) -> bool:
         return True
     rows = draft_probs[internal].float()  # one pass over the rows the walk may read
     kids = [(r, tree.tokens[c]) for r, i in enumerate(internal) for c in tree.children[i]]
-    at_children = rows[[r for r, _ in kids], [t for _, t in kids]]
-    return (bool(torch.isfinite(rows).all()) and float(rows.min()) >= 0
-            and float((rows.sum(dim=-1) - 1).abs().max()) <= 1e-3 and float(at_children.min()) > 0)
+    return proper_proposal(rows, rows[[r for r, _ in kids], [t for _, t in kids]])
 
 
 def _draft_probs_by_node(

@@ -62,8 +62,9 @@ def verify_chain(
         input j (row 0 follows the last accepted token, row j >= 1 follows draft j).
     draft_tokens: the k draft token ids d_1..d_k.
     draft_probs: [k, V] the proposal distribution q each draft token was sampled from (row j - 1
-        for d_j); None for greedy. A sampled state without it cannot verify losslessly, so it
-        accepts nothing and emits one token sampled from p_0: a plain decode step.
+        for d_j); None for greedy and keyed states. A sampled state without it verifies the
+        drafts as point masses (chosen deterministically: accept d with probability p(d), else
+        draw from p without d), exact for any drafts, as tree_verify's rule for top-k children.
     state: the sequence's sampling state. Its generator is consumed (sampling only); every
         emitted token is recorded with `observe_output`, in order.
     first_index: the index in its sequence of the token row 0 scores (keyed states).
@@ -73,8 +74,8 @@ def verify_chain(
     assert target_logits.dim() == 2 and tuple(target_logits.shape) == (k + 1, vocab_size)
     assert all(0 <= d < vocab_size for d in draft_tokens)
     assert draft_probs is None or tuple(draft_probs.shape) == (k, vocab_size)
-    if not (state.params.greedy or state.params.keyed) and draft_probs is None:
-        draft_tokens = ()
+    if not (state.params.greedy or state.params.keyed) and draft_probs is None and k:
+        draft_probs = torch.nn.functional.one_hot(torch.tensor(list(draft_tokens)), vocab_size).float()
     rows = _TargetRows(target_logits[: len(draft_tokens) + 1], state)
     if state.params.greedy:
         num_accepted, last = _verify_greedy(draft_tokens, lambda j: int(rows.processed(j).argmax()), rows.accept)
@@ -83,7 +84,6 @@ def verify_chain(
         choose = lambda j: int(keyed_draw(rows.probs(j)[None], [seed], [first_index + j])[0])  # noqa: E731
         num_accepted, last = _verify_greedy(draft_tokens, choose, rows.accept)
     else:
-        assert draft_probs is not None or len(draft_tokens) == 0
         num_accepted, last = _verify_sampled(rows, draft_tokens, draft_probs, state.generator)
     emitted = [*(int(d) for d in draft_tokens[:num_accepted]), last]
     for token_id in emitted:
@@ -179,6 +179,23 @@ def _verify_sampled(
         return j, int(draw(residual[None], [generator])[0])  # recovered
     bonus = draw(rows.probs(len(draft_tokens))[None], [generator])[0]
     return len(draft_tokens), int(bonus)
+
+
+def fits_chain(draft_probs: Tensor, draft_tokens: Sequence[int]) -> bool:
+    """Whether draft_probs [k, V] can verify the chain: proper rows (`proper_proposal`), row j
+    giving draft j + 1 positive probability. A row that does not (a faulty draft) must not reach
+    `_verify_sampled`'s assert."""
+    if draft_probs.dim() != 2 or draft_probs.shape[0] != len(draft_tokens):
+        return False
+    rows = draft_probs.float()
+    return proper_proposal(rows, rows[torch.arange(len(draft_tokens)), torch.tensor(draft_tokens, dtype=torch.long)])
+
+
+def proper_proposal(rows: Tensor, at_drafts: Tensor) -> bool:
+    """rows [n, V] float32 are finite, non-negative and sum to 1, and every draft has positive
+    probability (at_drafts: each draft's entry in its row)."""
+    return (bool(torch.isfinite(rows).all()) and float(rows.min()) >= 0
+            and float((rows.sum(dim=-1) - 1).abs().max()) <= 1e-3 and float(at_drafts.min()) > 0)
 
 
 def _verified_tokens(

@@ -68,8 +68,8 @@ def test_rows_on_columns_the_stream_never_sent_are_dropped_and_the_stream_stays_
 
 def test_a_pruned_eagle_tree_sends_its_sampled_proposals_on_columns(tiny_model, trained_head, tmp_path, monkeypatch):
     """Served: a head with a pruned vocabulary sends its columns when its peer stream opens, and
-    its sampled trees' rows on them; the target verifies each tree with its whole proposal rows,
-    and a seeded request repeats itself."""
+    its sampled trees' rows on them; the target verifies each tree with its whole proposal rows;
+    a seeded request repeats itself."""
     head = tmp_path / "pruned"
     shutil.copytree(trained_head, head)
     vocab = ModelConfig.from_folder(tiny_model).vocab_size
@@ -83,9 +83,11 @@ def test_a_pruned_eagle_tree_sends_its_sampled_proposals_on_columns(tiny_model, 
     monkeypatch.setattr(s.target_engine, "_verify_tree", lambda e, rows, q: verified.append(
         q is not None and q.shape == (e.num_draft_tokens + 1, vocab)) or verify_tree(e, rows, q))
     try:
-        params = pb.SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True, seed=5)
+        params = pb.SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True)  # unseeded: proposals
         ids, _, _, last = generate(s.stub, prompt=TINY_PROMPTS[1], params=params)
         assert last.usage.draft_tokens > 0 and received and verified and all(verified)
+        params.seed = 5  # keyed: top-k trees, verified without proposals, repeatable
+        ids = generate(s.stub, prompt=TINY_PROMPTS[1], params=params)[0]
         assert generate(s.stub, prompt=TINY_PROMPTS[1], params=params)[0] == ids
     finally:
         s.stop()

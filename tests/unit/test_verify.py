@@ -8,7 +8,7 @@ import torch
 from tandem.sampling.params import SamplingParams
 from tandem.sampling.sampler import probabilities, process_logits, sample
 from tandem.sampling.state import SamplingState
-from tandem.sampling.verify import VerifiedToken, VerifyResult, verify_chain
+from tandem.sampling.verify import VerifiedToken, VerifyResult, fits_chain, verify_chain
 
 V = 5
 
@@ -130,14 +130,16 @@ def test_sampling_k0_is_a_plain_sample():
         assert ids(result) == sample(logits, [state(temperature=0.8, seed=seed)]).token_ids
 
 
-def test_sampling_without_draft_probs_emits_one_plain_sample():
+def test_sampling_without_draft_probs_records_every_emitted_token():
     logits = torch.randn(3, V, generator=torch.Generator().manual_seed(3))
+    accepted = 0
     for seed in range(20):
-        s, plain = (state(seed=seed, frequency_penalty=0.5) for _ in range(2))
-        result = verify_chain(logits, [0, 1], None, s)
-        assert result.num_accepted == 0
-        assert ids(result) == sample(logits[:1], [plain]).token_ids
-        assert s.output_counts.tolist() == one_hot(ids(result))[0].tolist()
+        s = state(seed=seed, frequency_penalty=0.5)
+        result = verify_chain(logits, [int(logits[0].argmax()), 1], None, s)
+        accepted += result.num_accepted
+        assert len(result.tokens) == result.num_accepted + 1
+        assert s.output_counts.tolist() == one_hot(ids(result)).sum(0).tolist()
+    assert accepted > 0
 
 
 def test_contract_asserts():
@@ -262,12 +264,39 @@ def test_second_emitted_token_after_an_accepted_draft_is_distributed_as_p1():
         assert_distributed_as(second, q[1])
 
 
-def test_without_draft_probs_the_one_token_is_distributed_as_p0():
-    vocab, n = 6, 3000
+def test_without_draft_probs_the_drafts_are_point_masses_and_tokens_follow_p():
+    """No proposal (it timed out, or did not fit): the drafts count as chosen deterministically;
+    the first token follows p_0, the second p_1 when the first draft was kept."""
+    vocab, n = 6, 4000
     logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(30))
-    counts = torch.zeros(vocab)
+    first, second = torch.zeros(vocab), torch.zeros(vocab)
     for seed in range(n):
-        result = verify_chain(logits, [0, 0], None, state(vocab, seed=seed))
-        assert len(result.tokens) == 1
-        counts[result.tokens[0].token_id] += 1
-    assert_distributed_as(counts, target_probs(logits[:1], state(vocab))[0])
+        result = verify_chain(logits, [int(logits[0].argmax()), 0], None, state(vocab, seed=seed))
+        first[result.tokens[0].token_id] += 1
+        if result.num_accepted:
+            second[result.tokens[1].token_id] += 1
+    p = target_probs(logits[:2], state(vocab))
+    assert_distributed_as(first, p[0])
+    assert_distributed_as(second, p[1])
+
+
+# --- proposals the target receives ------------------------------------------------------------
+
+
+def test_a_chain_cut_after_drafting_keeps_its_first_proposal_rows_and_faulty_rows_verify_nothing():
+    from target_service.engine import _chain_proposal
+
+    q = torch.softmax(torch.randn(4, 6, generator=torch.Generator().manual_seed(3)), dim=-1)
+    drafts = [1, 2]  # the router kept 2 of the 4 drafts (pages short, the context's end)
+    assert torch.equal(_chain_proposal(q, drafts, 6, 1), q[:2])
+    assert _chain_proposal(q[:1], drafts, 6, 1) is None  # fewer rows than drafts
+    assert _chain_proposal(q[:, :5] / q[:, :5].sum(-1, keepdim=True), drafts, 6, 1) is None  # another vocabulary
+    for fault in ("nan", "negative", "zero at the draft"):
+        bad = q.clone()
+        if fault == "nan":
+            bad[1, 0] = float("nan")
+        elif fault == "negative":
+            bad[0, 3], bad[0, 4] = -0.1, bad[0, 4] + 0.1
+        else:
+            bad[1, 2], bad[1, 0] = 0.0, bad[1, 0] + bad[1, 2]
+        assert not fits_chain(bad[:2], drafts) and _chain_proposal(bad, drafts, 6, 1) is None, fault
