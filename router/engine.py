@@ -132,6 +132,17 @@ class RouterEngine:
         self.scheduler.release(request)
         self._retire(request)
 
+    def cancel_all(self) -> None:
+        """The router shuts down: every request still live ends now, each unfinished choice with
+        a "cancelled" delta, and its stream with the usage so far (the client sees an answer,
+        not a dropped call)."""
+        for request in list(self._requests):
+            for seq in request.choices:
+                if not seq.finished and seq.output is not None:
+                    request.queue.put_nowait(seq.output.cancel())
+            self.scheduler.release(request)
+            self._retire(request)
+
     def flush_prefix_cache(self) -> None:
         """Evicts every recycled sequence (tests use it to check that nothing else is held)."""
         self.scheduler.flush_prefix_cache()

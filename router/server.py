@@ -65,6 +65,9 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     return server, engine, health, channel, port, metrics
 
 
+CANCEL_MARGIN_S = 1.0  # before the grace period ends: time to send the cancelled deltas
+
+
 async def _serve(config: RouterConfig, tracing: Tracing | None = None) -> None:
     server, engine, health, channel, _, metrics = await start_router(config, tracing)
     stop = asyncio.Event()
@@ -74,7 +77,11 @@ async def _serve(config: RouterConfig, tracing: Tracing | None = None) -> None:
     await stop.wait()
     log.info("router: shutting down")
     await health.enter_graceful_shutdown()
+    # Requests get the grace period to finish; those still running then end as "cancelled",
+    # with their usage, just before the server drops what is left.
+    cancel = loop.call_later(max(GRACE_SECONDS - CANCEL_MARGIN_S, 0), engine.cancel_all)
     await server.stop(GRACE_SECONDS)
+    cancel.cancel()
     await engine.stop()
     await channel.close()
     if metrics:
