@@ -72,6 +72,12 @@ class EngineLimits:
         return self.max_draft_tokens or self.spec_draft_length
 
     @property
+    def max_sequence_tokens(self) -> int:
+        """Tokens (prompt + max_tokens) one sequence can ever hold here: the total length, and
+        the KV cache less a page of headroom."""
+        return min(self.max_total_sequence_length, (self.kv_pages_total - 1) * self.kv_page_size)
+
+    @property
     def slots_per_sequence(self) -> int:
         return self.spec_draft_length + 1
 

@@ -24,7 +24,6 @@ from router.kv_state import KvState
 from router.limits import EngineLimits
 from router.request import Request, Sequence
 from tandem.errors import ResourceExhausted
-from tandem.kv.pages import pages_for
 from tandem.ops import EntryKind, EntryResult, SequenceOp, StepEntry
 
 
@@ -88,7 +87,7 @@ class Scheduler:
         """Why `request` can never run under the limits ('' if it can)."""
         spec = self.limits
         tokens = len(request.spec.prompt_ids) + request.spec.max_tokens
-        if pages_for(tokens, spec.kv_page_size) + 1 > spec.kv_pages_total or tokens > spec.max_total_sequence_length:
+        if tokens > spec.max_sequence_tokens:
             return (f"prompt + max_tokens = {tokens} tokens can never fit: the KV cache holds"
                     f" {spec.kv_pages_total} KV pages of {spec.kv_page_size} tokens"
                     f" (max_total_sequence_length {spec.max_total_sequence_length})")

@@ -41,6 +41,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             vocab_size=engine.info.vocab_size,
             max_context=engine.info.max_context_length,
             default_max_tokens=engine.config.default_max_tokens,
+            max_sequence_tokens=engine.limits.max_sequence_tokens,
         )
         span.add_event("finish tokenize")
         request = engine.submit(spec, span, arrived)

@@ -212,3 +212,12 @@ def test_penalties_count_the_output_from_before_a_preemption(launch):
         outputs = {p: f.result()[0] for p, f in futures.items()}
     assert small.stub.Stats(pb.StatsRequest()).preemptions_total > 0
     assert outputs == expected
+
+
+def test_an_unset_max_tokens_fits_a_small_kv_cache(launch):
+    """The default max_tokens (1,024 within the context) stops where this deployment's cache
+    can hold the sequence, instead of failing a request that fits with fewer."""
+    s = launch(eagle=False, target={"kv_cache_tokens": 160, "kv_page_size": 8})
+    params = pb.SamplingParams(temperature=0, ignore_eos=True)
+    ids, _, _, last = generate(s.stub, prompt=TINY_PROMPTS[0], params=params)
+    assert last.usage.prompt_tokens + len(ids) == 19 * 8  # 20 pages less one of headroom
