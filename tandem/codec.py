@@ -116,11 +116,18 @@ def step_request_to_pb(r: StepRequest) -> pb.StepRequest:
     return pb.StepRequest(step_id=r.step_id, ops=ops, entries=entries, draft_step_id=r.draft_step_id)
 
 
+def _entry_kind(value: int, index: int) -> EntryKind:
+    try:
+        return EntryKind(value)
+    except ValueError:
+        raise InvalidArgument(f"entries[{index}].kind = {value}: not an EntryKind") from None
+
+
 def step_request_from_pb(m: pb.StepRequest) -> StepRequest:
     entries = tuple(
-        StepEntry(e.seq_id, EntryKind(e.kind), tuple(e.token_ids), e.sample, e.num_draft_tokens, e.emit_hidden,
+        StepEntry(e.seq_id, _entry_kind(e.kind, i), tuple(e.token_ids), e.sample, e.num_draft_tokens, e.emit_hidden,
                   tuple(e.tree_parents), e.sampled_tree)
-        for e in m.entries
+        for i, e in enumerate(m.entries)
     )
     ops = tuple(op_from_pb(o) for o in m.ops)
     return StepRequest(step_id=m.step_id, ops=ops, entries=entries, draft_step_id=m.draft_step_id)

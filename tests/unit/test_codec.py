@@ -177,3 +177,16 @@ def test_sampled_trees_round_trip_through_draft_results_and_steps():
     entry = StepEntry(1, EntryKind.DECODE, (3, 4, 5), True, 2, True, (0, 0), sampled_tree=True)
     step = codec.step_request_from_pb(codec.step_request_to_pb(StepRequest(2, (), (entry,), draft_step_id=9)))
     assert step.entries == (entry,)
+
+
+def test_an_unknown_entry_kind_is_an_invalid_argument_naming_it():
+    message = codec.step_request_to_pb(StepRequest(2, (), (StepEntry(1, EntryKind.DECODE, (3,), True),)))
+    message.entries[0].kind = 7  # a newer router's kind, or garbage
+    with pytest.raises(InvalidArgument, match=r"entries\[0\]\.kind = 7"):
+        codec.step_request_from_pb(message)
+
+
+def test_keyed_draws_travel_with_the_sampler():
+    params = SamplingParams(temperature=0.5, seed=3, keyed_draws=True)  # exact in float32
+    assert codec.sampler_from_pb(codec.sampler_to_pb(params)) == params
+    assert not codec.sampler_from_pb(codec.sampler_to_pb(SamplingParams(seed=3))).keyed_draws
