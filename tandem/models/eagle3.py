@@ -82,6 +82,8 @@ def aux_layers_of(raw: dict, num_layers: int) -> tuple[int, ...]:
     if not all(isinstance(i, int) and 0 <= i < num_layers for i in aux) or list(aux) != sorted(set(aux)):
         raise InvalidArgument(f"EAGLE-3 head aux layers {list(aux)} are not distinct layers of the target "
                               f"(0..{num_layers - 1}) in ascending order")
+    if len(aux) < 2:  # one layer's features are as wide as the head's own: fc could not tell them apart
+        raise InvalidArgument(f"EAGLE-3 head aux layers {list(aux)}: it fuses at least 2 target layers")
     return tuple(aux)
 
 

@@ -164,6 +164,7 @@ def test_the_eagle_method_loads_either_generation(target, tmp_path):
     (lambda s: s.update({"fc.weight": torch.zeros(64, 128)}), None, r"fc.weight has shape \[64, 128\], config wants \[64, 192\]"),
     (None, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 2, 4]), r"aux layers \[0, 2, 4\] are not distinct"),
     (None, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 0, 3]), r"\[2, 0, 3\] .* in ascending order"),
+    (None, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1]), r"aux layers \[1\]: it fuses at least 2"),
     (None, lambda c: c.update(num_hidden_layers=2), "num_hidden_layers is 2; only 1"),
     (None, lambda c: c.update(hidden_size=32, num_attention_heads=2), "hidden_size 32"),
     (lambda s: s.pop("d2t"), None, "lacks d2t"),
