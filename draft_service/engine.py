@@ -148,8 +148,12 @@ class DraftEngine:
             raise NotFound(f"draft: unknown sequence {seq_id}")
         self.allocator.pop(seq_id, seq.speculative)
         seq.speculative = 0
-        pairs = _contiguous(self.peer.take(seq_id), self.allocator.length(seq_id))
-        fits = pairs is not None and self.allocator.length(seq_id) + len(pairs[0]) <= self.max_positions
+        new, length = self.peer.take(seq_id), self.allocator.length(seq_id)
+        if not any(p.start + len(p.tokens) > length for p in new):
+            return seq  # nothing past its KV: what it settled last in this call is still its last pair
+        seq.settled = None  # newer pairs came: drafts start from them, or not at all
+        pairs = _contiguous(new, length)
+        fits = pairs is not None and length + len(pairs[0]) <= self.max_positions
         if fits and self.allocator.pages_needed(seq_id, len(pairs[0])) <= self.allocator.num_free_pages:
             seq.settled = (pairs[0][-1], self._forward([(seq_id, pairs[0], pairs[1])])[0])
         return seq

@@ -20,7 +20,8 @@ class RouterConfig:
     # Finished sequences the prefix cache keeps (-1: as many as sequence slots allow, 0: off).
     prefix_cache_max_num_recycling_seqs: int = -1
     max_waiting: int = 1024
-    # max_tokens when a request leaves it unset (clipped to the rest of the context).
+    # max_tokens when a request leaves it unset (clipped to the rest of the context and to what
+    # the KV cache can hold with the prompt).
     default_max_tokens: int = 1024
     # The draft service; None: plain decoding.
     draft_address: str | None = None

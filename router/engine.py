@@ -92,6 +92,7 @@ class RouterEngine:
         self._last_step = 0  # the last target step that completed
         self.kv_pages_free = info.kv_pages_total
         self._requests: list[Request] = []
+        self._closing = False  # cancel_all ran: the router is going away
         self._step_ids = itertools.count(first_step_id)
         self._wake = asyncio.Event()
         self._opened = -RESET_RETRY_S  # when _reopen last opened the step stream (time.monotonic())
@@ -112,6 +113,8 @@ class RouterEngine:
         """`span`: the request's span (router.tracing), ended by the caller. `arrived`: when the
         request reached the router (time.monotonic(), before tokenizing; default now), from
         which its time to first token and duration count."""
+        if self._closing:  # it was tokenized while the router began to shut down
+            raise Unavailable("the router is shutting down")
         request = new_request(spec, self.scheduler.new_seq_id)
         for seq in request.choices:  # before enqueue: a sequence queued without one never streams
             seq.output = OutputProcessor(seq, self.tokenizer.hf)
@@ -135,7 +138,8 @@ class RouterEngine:
     def cancel_all(self) -> None:
         """The router shuts down: every request still live ends now, each unfinished choice with
         a "cancelled" delta, and its stream with the usage so far (the client sees an answer,
-        not a dropped call)."""
+        not a dropped call). Requests submitted after it are refused (UNAVAILABLE)."""
+        self._closing = True
         for request in list(self._requests):
             for seq in request.choices:
                 if not seq.finished and seq.output is not None:

@@ -381,12 +381,12 @@ class TargetEngine:
 def _chain_proposal(q: torch.Tensor | None, drafts, vocab_size: int, seq_id: int) -> torch.Tensor | None:
     """A chain's proposal rows as verify_chain takes them: the first k (the router may cut a chain
     after it was drafted; row j belongs to draft j + 1 whatever follows), or None when they
-    cannot verify it (a faulty or stale row), which verifies nothing this step."""
+    cannot verify it (a faulty or stale row): the drafts are then verified as point masses."""
     if q is None or q.shape[0] < len(drafts):
         return None
     q = q[: len(drafts)]
     if q.shape[1] != vocab_size or not fits_chain(q, drafts):
-        log.warning("draft probabilities of sequence %d do not fit its chain: no drafts verified", seq_id)
+        log.warning("draft probabilities of sequence %d do not fit its chain: verified as point masses", seq_id)
         return None
     return q
 

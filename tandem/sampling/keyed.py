@@ -9,8 +9,12 @@ A stream-consuming sampler cannot promise that: speculative sampling draws one n
 tried and a plain step one in all.
 
 The draw is the exponential race, argmax_x p(x) / E_x with E_x ~ Exp(1) independent per token:
-exactly a draw from p (the Gumbel-max trick). E_x = -log u_x, u_x from splitmix64 over
-(seed, index, x): counter-based, so the same on every device and in any batch.
+exactly a draw from p (the Gumbel-max trick), computed as argmax log p(x) - log E_x from the
+tempered logits over p's support, so that it does not depend on how p was normalised. E_x =
+-log u_x, u_x from splitmix64 over (seed, index, x): counter-based, the same on every device and
+in any batch. Equal logits give equal tokens, as for greedy decoding: kernels whose results move
+with the batch's shape (a verify of k + 1 rows against a decode of one, bf16 on GPUs) can move a
+near tie, as they can move a greedy argmax.
 
 Verifying drafts of such a sequence is greedy over the keyed choice (verify.py, tree_verify.py):
 a draft is kept when it equals the token the target draws at its index, and the first one that
@@ -59,22 +63,34 @@ def row_key(seed: int, index: int) -> int:
     return _signed(_mix_int(seed + _GAMMA * (index + 1)))
 
 
-def keyed_uniforms(seed: int, index: int, vocab_size: int, device: torch.device | str = "cpu") -> Tensor:
-    """u [V] float64 in (0, 1): token x's uniform at that index, splitmix64 of its key + x * gamma."""
-    ids = torch.arange(vocab_size, dtype=torch.int64, device=device)
-    x = _mix(ids * _signed(_GAMMA) + row_key(seed, index))
+def _uniforms(keys: Tensor, vocab_size: int) -> Tensor:
+    """u [R, V] float64 in (0, 1): row r's token x is splitmix64 of keys[r] + x * gamma."""
+    ids = torch.arange(vocab_size, dtype=torch.int64, device=keys.device) * _signed(_GAMMA)
+    x = _mix(ids[None, :] + keys[:, None])
     return ((x >> 11) & ((1 << 53) - 1)).to(torch.float64).add_(0.5).mul_(2.0**-53)
 
 
-def keyed_draw(probs: Tensor, seeds: Sequence[int], indices: Sequence[int]) -> Tensor:
-    """One token per row of probs [R, V] (non-negative, positive mass, any scale): row r is the
-    draw at token index `indices[r]` of the sequence seeded `seeds[r]`. Zero entries are never
-    drawn. Returns [R] int64 token ids."""
-    assert probs.dim() == 2 and probs.shape[0] == len(seeds) == len(indices)
-    tokens = []
-    for row, seed, index in zip(probs, seeds, indices, strict=True):
-        if not 0 < float(row.sum()) < float("inf"):
-            raise ValueError(f"keyed_draw: a row's mass is {float(row.sum())}, not positive and finite")
-        exponentials = keyed_uniforms(seed, index, row.shape[0], row.device).log_().neg_()
-        tokens.append((row.double() / exponentials).argmax())
-    return torch.stack(tokens)
+def keyed_uniforms(seed: int, index: int, vocab_size: int, device: torch.device | str = "cpu") -> Tensor:
+    """u [V] of token index `index` of a sequence seeded `seed`."""
+    return _uniforms(torch.tensor([row_key(seed, index)], device=device), vocab_size)[0]
+
+
+def keyed_draw(logits: Tensor, support: Tensor, seeds: Sequence[int], indices: Sequence[int]) -> Tensor:
+    """One token per row: row r is the draw at token index `indices[r]` of the sequence seeded
+    `seeds[r]`, argmax over the support of logits - log E. logits [R, V]: the tempered logits,
+    log p up to a constant per row (so the draw does not depend on which softmax normalised p,
+    which a batch's other rows may choose); support [R, V] bool: the tokens p keeps (top-k,
+    top-p, min-p). Returns [R] int64 token ids."""
+    assert logits.shape == support.shape and logits.shape[0] == len(seeds) == len(indices)
+    if not bool(support.any(dim=-1).all()):
+        raise ValueError("keyed_draw: a row keeps no token")
+    keys = torch.tensor([row_key(s, i) for s, i in zip(seeds, indices, strict=True)], device=logits.device)
+    scores = logits.double() - _uniforms(keys, logits.shape[1]).log_().neg_().log_()
+    return scores.masked_fill_(~support, float("-inf")).argmax(dim=-1)
+
+
+def keyed_token(processed: Tensor, probs: Tensor, params, index: int) -> int:
+    """The keyed draw of one row: processed [V] logits (sampler.process_logits), probs [V] the
+    distribution `probabilities` made of them (its support), params the sequence's."""
+    tempered = (processed / params.temperature)[None]
+    return int(keyed_draw(tempered, (probs > 0)[None], [params.seed], [index])[0])

@@ -274,7 +274,7 @@ def sample(logits: Tensor, states: Sequence[SamplingState], indices: Sequence[in
     if sampled:
         sub_states = [states[i] for i in sampled]
         probs = probabilities(processed[sampled], sub_states)
-        token_ids[sampled] = _draws(probs, sub_states, [indices[i] for i in sampled] if indices else ())
+        token_ids[sampled] = _draws(processed[sampled], probs, sub_states, [indices[i] for i in sampled] if indices else ())
     raw_logprobs = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
     chosen = raw_logprobs.gather(1, token_ids[:, None]).squeeze(1)
     return SampleResult(
@@ -284,15 +284,17 @@ def sample(logits: Tensor, states: Sequence[SamplingState], indices: Sequence[in
     )
 
 
-def _draws(probs: Tensor, states: Sequence[SamplingState], indices: Sequence[int]) -> Tensor:
-    """[R] tokens of sampled rows: keyed draws at `indices` for keyed states, else each
-    state's stream."""
+def _draws(processed: Tensor, probs: Tensor, states: Sequence[SamplingState], indices: Sequence[int]) -> Tensor:
+    """[R] tokens of sampled rows (processed logits, their distributions): keyed draws at
+    `indices` for keyed states, else each state's stream."""
     keyed = [i for i, s in enumerate(states) if s.params.keyed]
     if not keyed:
         return draw(probs, [s.generator for s in states])
     assert len(indices) == len(states), "keyed rows need their token indices"
     tokens = torch.empty(len(states), dtype=torch.int64, device=probs.device)
-    tokens[keyed] = keyed_draw(probs[keyed], [states[i].params.seed for i in keyed], [indices[i] for i in keyed])
+    tempered = processed[keyed] / _column([states[i].params.temperature for i in keyed], processed.device)
+    tokens[keyed] = keyed_draw(tempered, probs[keyed] > 0, [states[i].params.seed for i in keyed],
+                               [indices[i] for i in keyed])
     if streamed := [i for i in range(len(states)) if i not in keyed]:
         tokens[streamed] = draw(probs[streamed], [states[i].generator for i in streamed])
     return tokens

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tandem.sampling.keyed import keyed_draw
+from tandem.sampling.keyed import keyed_token
 from tandem.sampling.sampler import draw, probabilities, process_logits
 from tandem.sampling.state import SamplingState
 from tandem.sampling.verify import VerifiedToken, VerifyResult, _verified_tokens, proper_proposal
@@ -97,8 +97,8 @@ def verify_tree(
     if state.params.greedy:
         accepted, last = _walk_greedy(rows, tree, lambda node: int(rows.processed(node).argmax()))
     elif state.params.keyed:
-        seed, depths = state.params.seed, tree.depths
-        keyed = lambda node: int(keyed_draw(rows.probs(node)[None], [seed], [first_index + depths[node]])[0])  # noqa: E731
+        depth = tree.depths
+        keyed = lambda node: keyed_token(rows.processed(node), rows.probs(node), state.params, first_index + depth[node])  # noqa: E731
         accepted, last = _walk_greedy(rows, tree, keyed)
     else:
         q_of = _draft_probs_by_node(draft_probs, tree, vocab_size)

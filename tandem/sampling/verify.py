@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tandem.sampling.keyed import keyed_draw
+from tandem.sampling.keyed import keyed_token
 from tandem.sampling.sampler import draw, probabilities, process_logits
 from tandem.sampling.state import SamplingState
 
@@ -80,9 +80,8 @@ def verify_chain(
     if state.params.greedy:
         num_accepted, last = _verify_greedy(draft_tokens, lambda j: int(rows.processed(j).argmax()), rows.accept)
     elif state.params.keyed:
-        seed = state.params.seed
-        choose = lambda j: int(keyed_draw(rows.probs(j)[None], [seed], [first_index + j])[0])  # noqa: E731
-        num_accepted, last = _verify_greedy(draft_tokens, choose, rows.accept)
+        keyed = lambda j: keyed_token(rows.processed(j), rows.probs(j), state.params, first_index + j)  # noqa: E731
+        num_accepted, last = _verify_greedy(draft_tokens, keyed, rows.accept)
     else:
         num_accepted, last = _verify_sampled(rows, draft_tokens, draft_probs, state.generator)
     emitted = [*(int(d) for d in draft_tokens[:num_accepted]), last]

@@ -2,6 +2,7 @@
 
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -167,22 +168,28 @@ def test_cancelled_stream_frees_its_pages(services):
     assert len(generate(services.stub, prompt=TINY_PROMPTS[0], params=greedy(4))[0]) == 4
 
 
-def test_a_router_shutting_down_ends_live_streams_as_cancelled_with_usage(services):
+def test_a_router_shutting_down_ends_live_streams_as_cancelled_with_usage(tiny_model):
     """What the router does as its grace period ends (router/server.py): each live request's
-    stream ends with a "cancelled" delta and the usage so far, and nothing is held after."""
-    calls = [services.stub.Generate(pb.GenerateRequest(prompt=p, params=greedy(400)), timeout=60)
-             for p in TINY_PROMPTS[6:8]]
-    firsts = [next(call) for call in calls]  # both streaming
-    services.loop.call_soon_threadsafe(services.router_engine.cancel_all)
-    for first, call in zip(firsts, calls):
-        responses = [first, *call]
-        last = responses[-1]
-        assert last.choices[0].finish_reason == "cancelled" and last.HasField("usage")
-        tokens = sum(len(c.token_ids) for r in responses for c in r.choices)
-        assert 0 < tokens == last.usage.completion_tokens < 400
-    stats = services.wait_idle()
-    assert stats.sequences_live == 0 and stats.kv_pages_free == stats.kv_pages_total
-    assert len(generate(services.stub, prompt=TINY_PROMPTS[0], params=greedy(4))[0]) == 4
+    stream ends with a "cancelled" delta and the usage so far, nothing is held after, and a
+    request that comes later is refused as UNAVAILABLE."""
+    s = start_services(tiny_model)
+    try:
+        calls = [s.stub.Generate(pb.GenerateRequest(prompt=p, params=greedy(400)), timeout=60) for p in TINY_PROMPTS[6:8]]
+        firsts = [next(call) for call in calls]  # both streaming
+        s.loop.call_soon_threadsafe(s.router_engine.cancel_all)
+        for first, call in zip(firsts, calls):
+            responses = [first, *call]
+            last = responses[-1]
+            assert last.choices[0].finish_reason == "cancelled" and last.HasField("usage")
+            tokens = sum(len(c.token_ids) for r in responses for c in r.choices)
+            assert 0 < tokens == last.usage.completion_tokens < 400
+        stats = s.wait_idle()
+        assert stats.sequences_live == 0 and stats.kv_pages_free == stats.kv_pages_total
+        with pytest.raises(grpc.RpcError) as refused:
+            generate(s.stub, prompt=TINY_PROMPTS[0], params=greedy(4))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in refused.value.details()
+    finally:
+        s.stop()
 
 
 def test_stats(services):

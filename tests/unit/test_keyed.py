@@ -17,6 +17,7 @@ from tests.unit.test_verify import assert_distributed_as
 
 V = 50
 KEYED = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, keyed_draws=True)
+UNFILTERED = SamplingParams(temperature=0.9, seed=1234, keyed_draws=True)
 
 
 def state(params=KEYED) -> SamplingState:
@@ -39,16 +40,25 @@ def test_uniforms_are_in_the_open_interval_and_differ_by_index_and_seed():
 
 def test_keyed_draws_follow_the_distribution_and_never_draw_zeros():
     p = torch.tensor([0.5, 0.25, 0.0, 0.15, 0.1])
-    draws = [int(keyed_draw(p[None], [seed], [index])[0]) for seed in range(4) for index in range(2500)]
+    logits, support = (p.log() + 3.0)[None], (p > 0)[None]  # any constant: log p up to one
+    draws = [int(keyed_draw(logits, support, [seed], [index])[0]) for seed in range(4) for index in range(2500)]
     assert_distributed_as(torch.bincount(torch.tensor(draws), minlength=5).float(), p)
+
+
+def test_rows_drawn_together_equal_rows_drawn_alone():
+    logits = torch.randn(3, V)
+    support = torch.ones(3, V, dtype=torch.bool)
+    together = keyed_draw(logits, support, [1, 2, 3], [10, 10, 11]).tolist()
+    assert together == [int(keyed_draw(logits[i : i + 1], support[:1], [s], [j])[0])
+                        for i, (s, j) in enumerate([(1, 10), (2, 10), (3, 11)])]
 
 
 def test_a_keyed_row_draws_the_same_in_any_batch_and_leaves_the_stream_alone():
     torch.manual_seed(0)
     logits = torch.randn(3, V)
-    other = SamplingState(SamplingParams(temperature=1.0, seed=5), V)
-    keyed = state()
+    keyed = state(UNFILTERED)  # alone: the plain softmax; beside a top-p row: the sorted path
     before = keyed.generator.get_state()
+    other = SamplingState(SamplingParams(temperature=1.0, top_p=0.5, seed=5), V)  # filters: the batch's slow path
     batch = sample(logits, [other, keyed, state(SamplingParams(temperature=0))], indices=[9, 17, 3])
     alone = sample(logits[1:2], [keyed], indices=[17])
     assert batch.token_ids[1] == alone.token_ids[0]
