@@ -65,7 +65,7 @@ def spec_from_pb(
     vocab_size: int,
     max_context: int,
     default_max_tokens: int,
-    max_sequence_tokens: int = 0,
+    max_sequence_tokens: int,
 ) -> GenerationSpec:
     ids = prompt_ids(request, tokenizer, vocab_size)
     p = request.params
@@ -77,7 +77,7 @@ def spec_from_pb(
         raise InvalidArgument(f"params.n = {n}: must be in [1, {MAX_N}]")
     # Unset: no more than the context, nor than this deployment can ever hold (its KV cache):
     # a default must not make a request fail that would fit with a smaller one.
-    fits = max(max_sequence_tokens - len(ids), 1) if max_sequence_tokens else room
+    fits = max(max_sequence_tokens - len(ids), 1)  # below 1: refused by the scheduler, naming why
     max_tokens = p.max_tokens if p.HasField("max_tokens") else min(default_max_tokens, room, fits)
     if max_tokens < 1:
         raise InvalidArgument("params.max_tokens = 0: must be at least 1")

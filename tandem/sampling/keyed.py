@@ -70,11 +70,6 @@ def _uniforms(keys: Tensor, vocab_size: int) -> Tensor:
     return ((x >> 11) & ((1 << 53) - 1)).to(torch.float64).add_(0.5).mul_(2.0**-53)
 
 
-def keyed_uniforms(seed: int, index: int, vocab_size: int, device: torch.device | str = "cpu") -> Tensor:
-    """u [V] of token index `index` of a sequence seeded `seed`."""
-    return _uniforms(torch.tensor([row_key(seed, index)], device=device), vocab_size)[0]
-
-
 def keyed_draw(logits: Tensor, support: Tensor, seeds: Sequence[int], indices: Sequence[int]) -> Tensor:
     """One token per row: row r is the draw at token index `indices[r]` of the sequence seeded
     `seeds[r]`, argmax over the support of logits - log E. logits [R, V]: the tempered logits,

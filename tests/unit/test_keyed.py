@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from tandem.sampling.keyed import _mix, _mix_int, _signed, keyed_draw, keyed_uniforms
+from tandem.sampling.keyed import _mix, _mix_int, _signed, _uniforms, keyed_draw, row_key
 from tandem.sampling.params import SamplingParams
 from tandem.sampling.sampler import sample
 from tandem.sampling.state import SamplingState
@@ -28,6 +28,10 @@ def test_the_tensor_hash_is_splitmix64():
     values = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, 0x9E3779B97F4A7C15] + [random.Random(3).getrandbits(64) for _ in range(50)]
     got = _mix(torch.tensor([_signed(v) for v in values], dtype=torch.int64)).tolist()
     assert got == [_signed(_mix_int(v)) for v in values]
+
+
+def keyed_uniforms(seed: int, index: int, vocab_size: int) -> torch.Tensor:
+    return _uniforms(torch.tensor([row_key(seed, index)]), vocab_size)[0]
 
 
 def test_uniforms_are_in_the_open_interval_and_differ_by_index_and_seed():
