@@ -4,22 +4,48 @@ validation that names the offending field. The only router module that imports g
 import uuid
 
 from router.figures import RouterSnapshot
+from router.limits import RequestLimits
 from router.request import Delta, GenerationSpec, Request
-from router.tokenizer import Tokenizer
+from router.tokenizer import CHAT_ROLES, Tokenizer
 from tandem.errors import InvalidArgument
 from tandem.figures import HistogramSnapshot
 from tandem.sampling.params import SamplingParams
 from tandem.v1 import generate_pb2 as pb
 
-MAX_N = 64  # choices per request
-# Each stop string is matched at every streamed character of every choice: bounded, so one
-# request cannot stall the router's event loop (OpenAI takes 4; TGI 4 by default).
-MAX_STOP_STRINGS = 32
-MAX_STOP_CHARS = 1024
+def _shown(text: str, width: int = 40) -> str:
+    """A client's string quoted in an error, cut short: error details travel in trailers."""
+    return repr(text) if len(text) <= width else f"{text[:width]!r}... ({len(text)} characters)"
 
 
-def prompt_ids(request, tokenizer: Tokenizer, vocab_size: int) -> list[int]:
+def _utf8_bytes(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+def check_input(request, limits: RequestLimits) -> None:
+    """The size caps of a request's id and input (GenerateRequest or TokenizeRequest), checked
+    before anything is tokenized."""
+    request_id = getattr(request, "request_id", "")
+    if _utf8_bytes(request_id) > limits.max_request_id_bytes:
+        raise InvalidArgument(f"request_id has {_utf8_bytes(request_id)} bytes: at most"
+                              f" {limits.max_request_id_bytes} (max_request_id_bytes)")
+    if not request_id.isprintable():  # it goes into logs and traces
+        raise InvalidArgument(f"request_id = {_shown(request_id)}: control characters are not allowed")
+    if _utf8_bytes(request.prompt) > limits.max_prompt_bytes:
+        raise InvalidArgument(f"prompt has {_utf8_bytes(request.prompt)} bytes: at most"
+                              f" {limits.max_prompt_bytes} (max_prompt_bytes)")
+    if len(request.messages) > limits.max_messages:
+        raise InvalidArgument(f"messages has {len(request.messages)} entries: at most {limits.max_messages} (max_messages)")
+    for i, m in enumerate(request.messages):
+        if m.role not in CHAT_ROLES:
+            raise InvalidArgument(f"messages[{i}].role = {_shown(m.role)}: must be one of {CHAT_ROLES}")
+    content = sum(_utf8_bytes(m.content) for m in request.messages)
+    if content > limits.max_prompt_bytes:
+        raise InvalidArgument(f"messages hold {content} bytes of content: at most {limits.max_prompt_bytes} (max_prompt_bytes)")
+
+
+def prompt_ids(request, tokenizer: Tokenizer, vocab_size: int, limits: RequestLimits) -> list[int]:
     """Token ids of exactly one of prompt, messages, token_ids (GenerateRequest or TokenizeRequest)."""
+    check_input(request, limits)
     has_ids = bool(getattr(request, "token_ids", None))
     given = [name for name, set_ in (("prompt", bool(request.prompt)), ("messages", bool(request.messages)), ("token_ids", has_ids)) if set_]
     if len(given) != 1:
@@ -39,6 +65,30 @@ def prompt_ids(request, tokenizer: Tokenizer, vocab_size: int) -> list[int]:
     return ids
 
 
+def check_params(p: pb.SamplingParams, limits: RequestLimits, vocab_size: int) -> None:
+    """The size caps of a request's sampling parameters and its stop conditions."""
+    n = p.n if p.HasField("n") else 1
+    if not 1 <= n <= limits.max_n:
+        raise InvalidArgument(f"params.n = {n}: must be in [1, {limits.max_n}] (max_n)")
+    if p.top_logprobs > limits.max_top_logprobs:
+        raise InvalidArgument(f"params.top_logprobs = {p.top_logprobs}: at most {limits.max_top_logprobs} (max_top_logprobs)")
+    if len(p.logit_bias) > limits.max_logit_bias:
+        raise InvalidArgument(f"params.logit_bias has {len(p.logit_bias)} entries: at most {limits.max_logit_bias} (max_logit_bias)")
+    if len(p.stop) > limits.max_stop_strings:
+        raise InvalidArgument(f"params.stop has {len(p.stop)} strings: at most {limits.max_stop_strings} (max_stop_strings)")
+    for i, s in enumerate(p.stop):
+        if not s:
+            raise InvalidArgument(f"params.stop[{i}] is empty")
+        if len(s) > limits.max_stop_chars:
+            raise InvalidArgument(f"params.stop[{i}] has {len(s)} characters: at most {limits.max_stop_chars} (max_stop_chars)")
+    if len(p.stop_token_ids) > limits.max_stop_token_ids:
+        raise InvalidArgument(f"params.stop_token_ids has {len(p.stop_token_ids)} entries: at most"
+                              f" {limits.max_stop_token_ids} (max_stop_token_ids)")
+    for i, t in enumerate(p.stop_token_ids):
+        if not 0 <= t < vocab_size:
+            raise InvalidArgument(f"params.stop_token_ids[{i}] = {t}: outside the vocabulary [0, {vocab_size})")
+
+
 def sampler_from_pb(p: pb.SamplingParams, vocab_size: int) -> SamplingParams:
     sampler = SamplingParams(
         temperature=p.temperature if p.HasField("temperature") else 1.0,
@@ -54,7 +104,7 @@ def sampler_from_pb(p: pb.SamplingParams, vocab_size: int) -> SamplingParams:
         top_logprobs=p.top_logprobs,
         keyed_draws=p.HasField("seed"),  # reproducible whatever the schedule (keyed.py)
     )
-    sampler.validate(vocab_size)
+    sampler.validate(vocab_size)  # NaN and infinities included
     return sampler
 
 
@@ -66,15 +116,19 @@ def spec_from_pb(
     max_context: int,
     default_max_tokens: int,
     max_sequence_tokens: int,
+    limits: RequestLimits,
 ) -> GenerationSpec:
-    ids = prompt_ids(request, tokenizer, vocab_size)
+    """Everything checked that needs no tokens first: a bad request is refused before its prompt
+    is tokenized."""
     p = request.params
+    check_params(p, limits, vocab_size)
+    sampler = sampler_from_pb(p, vocab_size)
+    if len(request.token_ids) >= max_context:  # before each id is read
+        raise InvalidArgument(f"prompt has {len(request.token_ids)} tokens; the context holds {max_context} (prompt + at least 1)")
+    ids = prompt_ids(request, tokenizer, vocab_size, limits)
     room = max_context - len(ids)
     if room < 1:
         raise InvalidArgument(f"prompt has {len(ids)} tokens; the context holds {max_context} (prompt + at least 1)")
-    n = p.n if p.HasField("n") else 1
-    if not 1 <= n <= MAX_N:
-        raise InvalidArgument(f"params.n = {n}: must be in [1, {MAX_N}]")
     # Unset: no more than the context, nor than this deployment can ever hold (its KV cache):
     # a default must not make a request fail that would fit with a smaller one.
     fits = max(max_sequence_tokens - len(ids), 1)  # below 1: refused by the scheduler, naming why
@@ -86,26 +140,16 @@ def spec_from_pb(
             f"params.max_tokens = {max_tokens}: the prompt ({len(ids)} tokens) + max_tokens"
             f" exceeds the context of {max_context}"
         )
-    if len(p.stop) > MAX_STOP_STRINGS:
-        raise InvalidArgument(f"params.stop has {len(p.stop)} strings: at most {MAX_STOP_STRINGS}")
-    for i, s in enumerate(p.stop):
-        if not s:
-            raise InvalidArgument(f"params.stop[{i}] is empty")
-        if len(s) > MAX_STOP_CHARS:
-            raise InvalidArgument(f"params.stop[{i}] has {len(s)} characters: at most {MAX_STOP_CHARS}")
-    for i, t in enumerate(p.stop_token_ids):
-        if not 0 <= t < vocab_size:
-            raise InvalidArgument(f"params.stop_token_ids[{i}] = {t}: outside the vocabulary [0, {vocab_size})")
     stop_ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(tokenizer.eos_token_ids))
     return GenerationSpec(
         request_id=request.request_id or uuid.uuid4().hex,
         prompt_ids=tuple(ids),
-        sampler=sampler_from_pb(p, vocab_size),
+        sampler=sampler,
         max_tokens=max_tokens,
+        n=p.n if p.HasField("n") else 1,
         stop=tuple(p.stop),
         stop_token_ids=frozenset(stop_ids),
         speculate=p.speculate if p.HasField("speculate") else True,
-        n=n,
     )
 
 

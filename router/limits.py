@@ -1,10 +1,48 @@
-"""The engine limits the router schedules against: one frozen config, resolved once at start-up
-from the router's flags and what the target (and draft) report, checked for consistency."""
+"""The limits of the router: what one public request may ask (RequestLimits, fixed by the
+operator), and the engine limits it schedules against (EngineLimits, resolved once at start-up
+from the router's flags and what the target (and draft) report, checked for consistency)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from tandem.errors import InvalidArgument
 from tandem.ops import EngineInfo
+from tandem.sampling.params import MAX_TOP_LOGPROBS
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Size caps of one public request. Each is checked before the work it bounds (a prompt's
+    bytes before it is tokenized, a map's entries before they are read), and a request past one
+    gets INVALID_ARGUMENT naming the field and the limit. Prompt tokens are capped by the
+    target's context; the whole message by gRPC (grpc_server.PUBLIC_MAX_MESSAGE_BYTES).
+
+    max_request_id_bytes: request_id, echoed in every response, logs and traces.
+    max_prompt_bytes: the prompt's UTF-8 bytes, or all messages' contents together (tokenizing
+        takes about half a second a MiB, on a thread, and must not hold the request's deadline).
+    max_messages: chat messages.
+    max_n: choices per request.
+    max_stop_strings, max_stop_chars: each stop string is matched at every streamed character of
+        every choice: bounded, so one request cannot stall the event loop (OpenAI takes 4).
+    max_stop_token_ids, max_logit_bias: entries of those lists and maps.
+    max_top_logprobs: at most what the engine ranks (tandem.sampling.params.MAX_TOP_LOGPROBS).
+    """
+
+    max_request_id_bytes: int = 256
+    max_prompt_bytes: int = 4 * 1024 * 1024
+    max_messages: int = 1024
+    max_n: int = 64
+    max_stop_strings: int = 32
+    max_stop_chars: int = 1024
+    max_stop_token_ids: int = 1024
+    max_logit_bias: int = 1024
+    max_top_logprobs: int = MAX_TOP_LOGPROBS
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) < 1:
+                raise InvalidArgument(f"{f.name} must be positive, got {getattr(self, f.name)}")
+        if self.max_top_logprobs > MAX_TOP_LOGPROBS:
+            raise InvalidArgument(f"max_top_logprobs ({self.max_top_logprobs}) exceeds what the engine ranks ({MAX_TOP_LOGPROBS})")
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             max_context=engine.info.max_context_length,
             default_max_tokens=engine.config.default_max_tokens,
             max_sequence_tokens=engine.limits.max_sequence_tokens,
+            limits=engine.config.request_limits,
         )
         span.add_event("finish tokenize")
         request = engine.submit(spec, span, arrived)
@@ -65,7 +66,9 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                 engine.cancel(request)
 
     async def Tokenize(self, request, context):
-        ids = await asyncio.to_thread(convert.prompt_ids, request, self.engine.tokenizer, self.engine.info.vocab_size)
+        engine = self.engine
+        ids = await asyncio.to_thread(convert.prompt_ids, request, engine.tokenizer, engine.info.vocab_size,
+                                      engine.config.request_limits)
         return pb.TokenizeResponse(token_ids=ids)
 
     async def ModelInfo(self, request, context):

@@ -1,17 +1,19 @@
 """gRPC plumbing shared by the three services: message limits, the one interceptor that maps
 typed errors to status codes, health, reflection and graceful shutdown."""
 
+import inspect
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tandem.errors import TandemError
+from tandem.errors import InvalidArgument, TandemError
 from tandem.v1 import engine_pb2
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,14 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
     ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
 ]
+# The router's public port carries prompts, not tensors: a message past this gets
+# RESOURCE_EXHAUSTED from gRPC before it is read whole. Room for the largest prompt the
+# router's request limits admit (router.limits.RequestLimits.max_prompt_bytes) and more.
+PUBLIC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+PUBLIC_SERVER_OPTIONS = [
+    *(o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length"),
+    ("grpc.max_receive_message_length", PUBLIC_MAX_MESSAGE_BYTES),
+]
 GRACE_SECONDS = 5.0
 
 
@@ -60,51 +70,112 @@ def answer_each(request_iterator, answer: Callable, failed: Callable) -> Iterato
             yield failed(message, engine_pb2.StepError(code=grpc.StatusCode.INTERNAL.value[0], message=text))
 
 
-def _wrap_sync(behavior: Callable, streaming: bool) -> Callable:
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """What a request message becomes when its bytes do not parse (truncated, invalid UTF-8 in
+    a string field, garbage): gRPC would end the call UNKNOWN (aio) or INTERNAL (sync) if the
+    deserializer raised; the wrapped handler answers INVALID_ARGUMENT with `reason` instead."""
+
+    reason: str
+
+
+def _decoding(deserializer: Callable | None, method: str) -> Callable | None:
+    """`deserializer` that returns Undecodable rather than raising."""
+    if deserializer is None:
+        return None
+    message = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    name = message.full_name if message is not None else "the request"
+
+    def deserialize(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception as e:  # DecodeError, or whatever else a parser raises on bad bytes
+            return Undecodable(f"cannot parse {name} (a request of {method}): {e}")
+
+    return deserialize
+
+
+def _sync_requests(requests: Iterator, context) -> Iterator:
+    """A request stream that stops at its first undecodable message. The status is set here
+    too: a reader thread (the target's Peer) may be the one that meets it."""
+    for message in requests:
+        if isinstance(message, Undecodable):
+            context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+            context.set_details(message.reason)
+            raise InvalidArgument(message.reason)
+        yield message
+
+
+async def _aio_requests(requests) -> AsyncIterator:
+    async for message in requests:
+        if isinstance(message, Undecodable):
+            raise InvalidArgument(message.reason)
+        yield message
+
+
+def _argument(request, request_streaming: bool, requests: Callable):
+    """The behavior's first argument: the request, or the request stream passed through
+    `requests`; InvalidArgument for an undecodable unary request."""
+    if request_streaming:
+        return requests(request)
+    if isinstance(request, Undecodable):
+        raise InvalidArgument(request.reason)
+    return request
+
+
+def _wrap_sync(behavior: Callable, request_streaming: bool, response_streaming: bool) -> Callable:
     def unary(request, context):
         try:
-            return behavior(request, context)
+            return behavior(_argument(request, request_streaming, lambda it: _sync_requests(it, context)), context)
         except TandemError as e:
             context.abort(status_of(e), str(e))
 
     def stream(request, context):
         try:
-            yield from behavior(request, context)
+            yield from behavior(_argument(request, request_streaming, lambda it: _sync_requests(it, context)), context)
         except TandemError as e:
             context.abort(status_of(e), str(e))
 
-    return stream if streaming else unary
+    return stream if response_streaming else unary
 
 
-def _wrap_aio(behavior: Callable, streaming: bool) -> Callable:
+def _wrap_aio(behavior: Callable, request_streaming: bool, response_streaming: bool) -> Callable:
     async def unary(request, context):
         try:
-            return await behavior(request, context)
+            return await behavior(_argument(request, request_streaming, _aio_requests), context)
         except TandemError as e:
             await context.abort(status_of(e), str(e))
 
     async def stream(request, context):
         try:
-            async for item in behavior(request, context):
+            async for item in behavior(_argument(request, request_streaming, _aio_requests), context):
                 yield item
         except TandemError as e:
             await context.abort(status_of(e), str(e))
 
-    return stream if streaming else unary
+    # A coroutine that streams its responses with context.write (grpc's aio Health.Watch) is
+    # awaited like a unary behavior; an async generator is iterated.
+    return stream if response_streaming and not inspect.iscoroutinefunction(behavior) else unary
 
 
-def _wrapped_handler(handler, wrap):
-    if handler is None or handler.request_streaming:
-        return handler  # bidirectional streams handle their own errors
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(
-            wrap(handler.unary_stream, True),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-    return grpc.unary_unary_rpc_method_handler(
-        wrap(handler.unary_unary, False),
-        request_deserializer=handler.request_deserializer,
+_HANDLERS = {  # (request streaming, response streaming): the behavior's attribute, its factory
+    (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    (False, True): ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    (True, False): ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    (True, True): ("stream_stream", grpc.stream_stream_rpc_method_handler),
+}
+
+
+def _wrapped_handler(handler, wrap, method: str):
+    """Every method, health and reflection included: typed errors mapped to their status, and
+    requests that do not parse answered INVALID_ARGUMENT naming the method."""
+    if handler is None:
+        return None
+    kind = (handler.request_streaming, handler.response_streaming)
+    attribute, factory = _HANDLERS[kind]
+    return factory(
+        wrap(getattr(handler, attribute), *kind),
+        request_deserializer=_decoding(handler.request_deserializer, method),
         response_serializer=handler.response_serializer,
     )
 
@@ -113,12 +184,12 @@ class ErrorInterceptor(grpc.ServerInterceptor):
     """Turns a TandemError raised by a servicer into its status code and message."""
 
     def intercept_service(self, continuation, handler_call_details):
-        return _wrapped_handler(continuation(handler_call_details), _wrap_sync)
+        return _wrapped_handler(continuation(handler_call_details), _wrap_sync, handler_call_details.method)
 
 
 class AioErrorInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, handler_call_details):
-        return _wrapped_handler(await continuation(handler_call_details), _wrap_aio)
+        return _wrapped_handler(await continuation(handler_call_details), _wrap_aio, handler_call_details.method)
 
 
 def _enable_reflection(server, names: list[str]) -> None:

@@ -115,6 +115,8 @@ def _read_probs(peer: TargetPeer, request_iterator, out: queue.Queue, vocab_size
             peer.put_probs(probs)
     except grpc.RpcError:
         pass
+    except InvalidArgument as e:  # an undecodable message: the call ends with its status, set by the interceptor
+        logging.getLogger(__name__).warning("target: draft peer stream ended: %s", e)
     finally:
         peer.detach(out)
         out.put(TargetPeer.CLOSED)
