@@ -4,6 +4,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.errors import InvalidArgument
+from tandem.security.identity import Identities
+from tandem.security.tls import PLAINTEXT, TlsConfig
 
 LM_HEAD_QUANTS = ("none", "int8")
 
@@ -52,6 +54,11 @@ class DraftConfig:
     cuda_graphs: bool = True
     # Prometheus /metrics over HTTP on this port, on `host` (0: off).
     metrics_port: int = 0
+    # TLS on the port (with a CA: mutual TLS, methods authorized by the caller's identity) and
+    # on outgoing channels; a plaintext port for probes serving health and reflection (0: none).
+    tls: TlsConfig = PLAINTEXT
+    identities: Identities = Identities()
+    health_port: int = 0
 
     def __post_init__(self) -> None:
         if self.shape not in ("chain", "tree"):

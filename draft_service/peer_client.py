@@ -10,19 +10,23 @@ import torch
 
 from tandem import codec
 from tandem.errors import Unavailable
-from tandem.grpc_server import CHANNEL_OPTIONS
+from tandem.channels import open_channel
 from tandem.peer import DraftProbs, HiddenPairs, one_torch_thread
+from tandem.security.tls import PLAINTEXT, TlsConfig
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 RECONNECT_S = 0.5
 REFUSED_RETRY_S = 5.0  # a target that refused the hello is asked again (it may be replaced)
+# The target will not serve this draft: another model, or (mutual TLS) another identity.
+_REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 KEEP_TRACE_CONTEXTS = 16  # target steps whose trace context is kept (a Draft call asks for the last)
 
 
 class DraftPeer:
-    def __init__(self, target_address: str, device="cpu"):
+    def __init__(self, target_address: str, device="cpu", tls: TlsConfig = PLAINTEXT):
         self.target_address = target_address
+        self.tls = tls  # read at each connection: rotated certificates are used from the next
         self.device = device
         self._pending: dict[int, list[HiddenPairs]] = {}
         self._last_step = 0
@@ -111,8 +115,8 @@ class DraftPeer:
             try:
                 self._stream_once()
             except grpc.RpcError as e:
-                refused = isinstance(e, grpc.Call) and e.code() == grpc.StatusCode.INVALID_ARGUMENT
-                if refused:  # the target will not serve this head (another model?): say why, once
+                refused = isinstance(e, grpc.Call) and e.code() in _REFUSALS
+                if refused:  # the target will not serve this head (another model? identity?): say why, once
                     if e.details() != self.refusal:
                         log.error("draft: the target at %s refused the peer stream: %s", self.target_address, e.details())
                     self.refusal = e.details()
@@ -130,7 +134,7 @@ class DraftPeer:
             self._stop.wait(REFUSED_RETRY_S if refused else RECONNECT_S)
 
     def _stream_once(self) -> None:
-        with grpc.insecure_channel(self.target_address, options=CHANNEL_OPTIONS) as channel:
+        with open_channel(self.target_address, self.tls) as channel:
             grpc.channel_ready_future(channel).result(timeout=30)
             info = engine_pb2_grpc.TargetEngineStub(channel).Info(engine_pb2.InfoRequest(), timeout=30)
             self._begin_stream(info.instance_id)

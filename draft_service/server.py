@@ -3,10 +3,8 @@
 import logging
 import threading
 from collections.abc import Callable
-from concurrent import futures
 from dataclasses import dataclass
 
-import grpc
 import torch
 from grpc_health.v1 import health_pb2
 
@@ -18,7 +16,9 @@ from draft_service.peer_client import DraftPeer
 from draft_service.servicer import SERVICE_NAME, DraftServicer
 from target_service.servicer import compute_thread
 from tandem.errors import InvalidArgument
-from tandem.grpc_server import SERVER_OPTIONS, ErrorInterceptor, add_health_and_reflection, serve_until_signal
+from tandem.channels import bind, bind_probe_port, make_server, transport_checks
+from tandem.grpc_server import add_health_and_reflection, serve_until_signal
+from tandem.security.identity import draft_policy
 from tandem.metrics import engine_collector, serve_metrics
 from tandem.telemetry.tracing import Tracing, setup_tracing
 from tandem.v1 import engine_pb2_grpc
@@ -86,23 +86,24 @@ def start_draft(config: DraftConfig, tracing: Tracing | None = None):
     metrics server or None)."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    peer = DraftPeer(config.target_address, config.device)
+    peer = DraftPeer(config.target_address, config.device, config.tls)
     compute = compute_thread("draft-compute", config.num_threads or torch.get_num_threads())
     engine, kind = compute.submit(build_engine, config, peer, tracing).result()  # built where it computes
     peer.start()
     if not peer.wait_connected(config.hidden_timeout_s * 6):
         why = f": it refused it ({peer.refusal})" if peer.refusal else ""
         raise RuntimeError(f"draft: no peer stream to the target at {config.target_address}{why}")
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
+    checks = [*transport_checks(config.tls), *([draft_policy(config.identities)] if config.tls.mutual else [])]
+    server = make_server(checks=checks)
     max_draft_tokens, shape = kind.describe(engine)
     servicer = DraftServicer(engine, config.method, config.model_dir.name, compute,
                              max_draft_tokens=max_draft_tokens, shape=shape, tracing=tracing)
     engine_pb2_grpc.add_DraftEngineServicer_to_server(servicer, server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     follow_peer(health, peer)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        raise RuntimeError(f"draft: cannot bind {config.host}:{config.port}")
+    port = bind(server, config.host, config.port, config.tls, "draft")
+    if config.health_port:
+        bind_probe_port(server, config.host, config.health_port, "draft")
     server.start()
     log.info("draft: %s head %s (%s, up to %s drafts) on %s:%d, peer %s", config.method, config.model_dir, shape,
              max_draft_tokens or "k", config.host, port, config.target_address)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from router.limits import RequestLimits
 from tandem.errors import InvalidArgument
+from tandem.security.tls import PLAINTEXT, TlsConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,14 @@ class RouterConfig:
     step_timeout_s: float = 120.0
     # Prometheus /metrics over HTTP on this port, on `host` (0: off).
     metrics_port: int = 0
+    # The router's identity and trust bundle for its channels to the target and the draft.
+    tls: TlsConfig = PLAINTEXT
+    # The public port: TLS with this certificate (the CLI defaults it to `tls`'s), client
+    # certificates required when it has a CA (never `tls`'s: public clients are not services).
+    public_tls: TlsConfig = PLAINTEXT
+    # Keys the public API requires (`authorization: Bearer <key>`), one a line; None: open.
+    api_key_file: Path | None = None
+    health_port: int = 0  # plaintext port serving health and reflection only (0: none)
     # What one public request may ask: sizes of its fields (RequestLimits documents each).
     request_limits: RequestLimits = field(default_factory=RequestLimits)
 

@@ -14,7 +14,9 @@ from router.speculation import Speculator
 from router.servicer import SERVICE_NAME, GenerationServicer
 from router.tokenizer import Tokenizer
 from tandem import codec
-from tandem.grpc_server import CHANNEL_OPTIONS, GRACE_SECONDS, SERVER_OPTIONS, AioErrorInterceptor, add_health_and_reflection_aio, set_health_aio
+from tandem.channels import bind, bind_probe_port, make_server, open_channel, transport_checks
+from tandem.grpc_server import GRACE_SECONDS, PUBLIC_SERVER_OPTIONS, add_health_and_reflection_aio, set_health_aio
+from tandem.security.api_keys import ApiKeys
 from tandem.metrics import serve_metrics
 from tandem.telemetry.tracing import Tracing, setup_tracing
 from tandem.v1 import engine_pb2, engine_pb2_grpc, generate_pb2_grpc
@@ -24,7 +26,7 @@ log = logging.getLogger(__name__)
 
 async def connect_target(config: RouterConfig):
     """Waits for the target (it may still be loading weights); returns (channel, stub, info)."""
-    channel = grpc.aio.insecure_channel(config.target_address, options=CHANNEL_OPTIONS)
+    channel = open_channel(config.target_address, config.tls, aio=True)
     stub = engine_pb2_grpc.TargetEngineStub(channel)
     try:
         info = await stub.Info(engine_pb2.InfoRequest(), wait_for_ready=True, timeout=config.connect_timeout_s)
@@ -42,7 +44,7 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     channel, stub, info, last_step = await connect_target(config)
     speculator = None
     if config.draft_address:
-        draft_channel = grpc.aio.insecure_channel(config.draft_address, options=CHANNEL_OPTIONS)
+        draft_channel = open_channel(config.draft_address, config.tls, aio=True)
         speculator = Speculator(draft_channel, config.spec_draft_length, config.draft_timeout_s, info.vocab_size,
                                 config.draft_probe_s)
         await speculator.connect(config.connect_timeout_s)
@@ -50,15 +52,18 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     engine = RouterEngine(config, Tokenizer(config.model_dir), stub, info, speculator,
                           first_step_id=last_step + 1, draft_max_num_sequence=draft_max, tracing=tracing)
     engine.start()
-    server = grpc.aio.server(interceptors=[AioErrorInterceptor()], options=SERVER_OPTIONS)
+    checks = transport_checks(config.public_tls)
+    if config.api_key_file:
+        checks.append(ApiKeys(config.api_key_file))
+    server = make_server(aio=True, checks=checks, options=PUBLIC_SERVER_OPTIONS)
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
     health = await add_health_and_reflection_aio(server, [SERVICE_NAME])
     # NOT_SERVING while the target is down or serves another model: no request could be served.
     engine.on_serving = lambda serving: set_health_aio(health, [SERVICE_NAME], serving)
     await set_health_aio(health, [SERVICE_NAME], engine.serving)  # it may have changed since start()
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        raise RuntimeError(f"router: cannot bind {config.host}:{config.port}")
+    port = bind(server, config.host, config.port, config.public_tls, "router")
+    if config.health_port:
+        bind_probe_port(server, config.host, config.health_port, "router")
     await server.start()
     log.info("router: serving on %s:%d, target %s (%s)", config.host, port, config.target_address, info.model)
     metrics = serve_metrics(config.host, config.metrics_port, lambda: router_families(snapshot(engine)), "router")

@@ -106,6 +106,62 @@ def _add_metrics_flag(p: argparse.ArgumentParser, default: int) -> None:
                    help=f"Prometheus /metrics over HTTP on this port (default {default}; 0: off)")
 
 
+def _add_tls_flags(p: argparse.ArgumentParser) -> None:
+    """A service's identity and trust bundle (docs/deploy.md), and its plaintext probe port."""
+    p.add_argument("--tls-cert", default=_env("tls_cert", None),
+                   help="PEM certificate of this service's identity: with --tls-key it serves TLS")
+    p.add_argument("--tls-key", default=_env("tls_key", None), help="PEM private key of --tls-cert")
+    p.add_argument("--tls-ca", default=_env("tls_ca", None),
+                   help="PEM trust bundle: with it the internal port requires client certificates it signed (mutual"
+                        " TLS) and outgoing channels verify servers against it and present --tls-cert")
+    p.add_argument("--health-port", type=int, default=_env("health_port", 0),
+                   help="a plaintext port serving only grpc.health.v1 and reflection, for probes that present no"
+                        " certificate (0: none)")
+
+
+def _add_identity_flags(p: argparse.ArgumentParser) -> None:
+    from tandem.security.identity import DEFAULT_DRAFT_IDENTITY, DEFAULT_ROUTER_IDENTITY
+
+    p.add_argument("--router-identity", default=_env("router_identity", DEFAULT_ROUTER_IDENTITY),
+                   help="mutual TLS: the certificate name (DNS SAN or CN) of the router, the only caller of steps,"
+                        " drafts and resets")
+    p.add_argument("--draft-identity", default=_env("draft_identity", DEFAULT_DRAFT_IDENTITY),
+                   help="mutual TLS: the certificate name of the draft, the only caller of the target's peer stream")
+
+
+def _add_public_security_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--public-tls-cert", default=_env("public_tls_cert", None),
+                   help="PEM certificate of the public port (default: --tls-cert)")
+    p.add_argument("--public-tls-key", default=_env("public_tls_key", None), help="its key (default: --tls-key)")
+    p.add_argument("--public-tls-client-ca", default=_env("public_tls_client_ca", None),
+                   help="require public clients' certificates signed by this PEM bundle")
+    p.add_argument("--api-key-file", default=_env("api_key_file", None),
+                   help="the public API requires 'authorization: Bearer <key>' with a key of this file (one a line;"
+                        " re-read when it changes)")
+
+
+def tls_config(args):
+    from tandem.security.tls import TlsConfig
+
+    return TlsConfig(*(Path(p) if p else None for p in (args.tls_cert, args.tls_key, args.tls_ca)))
+
+
+def public_tls_config(args):
+    """The public port's TLS: its own files, else the router's identity; never the internal CA."""
+    from tandem.security.tls import TlsConfig
+
+    cert, key = args.public_tls_cert, args.public_tls_key
+    if cert is None and key is None:
+        cert, key = args.tls_cert, args.tls_key
+    return TlsConfig(*(Path(p) if p else None for p in (cert, key, args.public_tls_client_ca)))
+
+
+def identities(args):
+    from tandem.security.identity import Identities
+
+    return Identities(router=args.router_identity, draft=args.draft_identity)
+
+
 def _add_router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk-size", type=int, default=_env("prefill_chunk_size", 512))
     p.add_argument("--max-waiting", type=int, default=_env("max_waiting", 1024))
@@ -133,6 +189,9 @@ def target_config(args, model: Path):
         num_threads=args.threads,
         cuda_graphs=not args.enforce_eager,
         metrics_port=args.metrics_port,
+        tls=tls_config(args),
+        identities=identities(args),
+        health_port=args.health_port,
     )
 
 
@@ -154,6 +213,10 @@ def router_config(args, model: Path):
         max_total_sequence_length=args.max_total_sequence_length,
         prefix_cache_max_num_recycling_seqs=args.prefix_cache_max_num_recycling_seqs,
         metrics_port=args.metrics_port,
+        tls=tls_config(args),
+        public_tls=public_tls_config(args),
+        api_key_file=Path(args.api_key_file) if args.api_key_file else None,
+        health_port=args.health_port,
     )
 
 
@@ -186,6 +249,9 @@ def draft_config(args, model: Path):
         num_threads=args.threads,
         cuda_graphs=not args.enforce_eager,
         metrics_port=args.metrics_port,
+        tls=tls_config(args),
+        identities=identities(args),
+        health_port=args.health_port,
     )
 
 
@@ -231,9 +297,17 @@ def cmd_generate(args) -> int:
 
 
 def cmd_health(args) -> int:
-    from tandem.client import health
+    from tandem.client import client_tls, health
 
-    return health(args.address, args.service, args.timeout)
+    return health(args.address, args.service, args.timeout, tls=client_tls(args))
+
+
+def cmd_certs(args) -> int:
+    from tandem.security.certs import create_dir
+
+    for path in create_dir(Path(args.dir), hosts=args.host, days=args.days):
+        print(path)
+    return 0
 
 
 def cmd_bench(args) -> int:
@@ -261,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="text, or JSON lines with service, request and trace ids")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_target_parser, _draft_parser, _router_parser, _up_parser, _generate_parser, _health_parser,
-                _models_parser, _bench_parser, _train_parser):
+                _certs_parser, _models_parser, _bench_parser, _train_parser):
         add(sub)
     return parser
 
@@ -277,6 +351,8 @@ def _target_parser(sub) -> None:
     p.add_argument("--host", default=_env("target_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("target_port", 50052))
     _add_metrics_flag(p, 9401)
+    _add_tls_flags(p)
+    _add_identity_flags(p)
     p.set_defaults(func=cmd_target)
 
 
@@ -294,6 +370,8 @@ def _draft_parser(sub) -> None:
     p.add_argument("--host", default=_env("draft_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("draft_port", 50053))
     _add_metrics_flag(p, 9402)
+    _add_tls_flags(p)
+    _add_identity_flags(p)
     p.set_defaults(func=cmd_draft)
 
 
@@ -310,6 +388,8 @@ def _router_parser(sub) -> None:
     p.add_argument("--host", default=_env("router_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("router_port", 50051))
     _add_metrics_flag(p, 9400)
+    _add_tls_flags(p)
+    _add_public_security_flags(p)
     p.set_defaults(func=cmd_router)
 
 
@@ -351,7 +431,17 @@ def _generate_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--n", type=int, default=1, help="completions of the prompt (prefilled once)")
     p.add_argument("--stop", action="append", default=[])
+    p.add_argument("--api-key", default=_env("api_key", None), help="sent as 'authorization: Bearer <key>'")
+    _add_client_tls_flags(p)
     p.set_defaults(func=cmd_generate)
+
+
+def _add_client_tls_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-ca", default=_env("tls_ca", None), help="verify the server against this PEM bundle (TLS)")
+    p.add_argument("--tls-cert", default=_env("tls_cert", None), help="present this PEM certificate (mutual TLS)")
+    p.add_argument("--tls-key", default=_env("tls_key", None), help="the key of --tls-cert")
+    p.add_argument("--tls-dir", default=_env("tls_dir", None),
+                   help="a `tandem certs create` folder: ca.pem, client.pem and client-key.pem unless given above")
 
 
 def _health_parser(sub) -> None:
@@ -359,7 +449,20 @@ def _health_parser(sub) -> None:
     p.add_argument("address")
     p.add_argument("--service", default="")
     p.add_argument("--timeout", type=float, default=3.0)
+    _add_client_tls_flags(p)
     p.set_defaults(func=cmd_health)
+
+
+def _certs_parser(sub) -> None:
+    from tandem.security.certs import VALID_DAYS
+
+    p = sub.add_parser("certs", help="development certificates for TLS and mutual TLS between the services")
+    p.add_argument("action", choices=["create"])
+    p.add_argument("dir", help="folder for ca.pem and {router,target,draft,client}.pem with their -key.pem")
+    p.add_argument("--host", action="append", default=[],
+                   help="another name or address the services are dialled by (localhost, 127.0.0.1 and ::1 are in)")
+    p.add_argument("--days", type=int, default=VALID_DAYS)
+    p.set_defaults(func=cmd_certs)
 
 
 def _models_parser(sub) -> None:

@@ -2,11 +2,13 @@
 
 import sys
 import time
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tandem.grpc_server import CHANNEL_OPTIONS
+from tandem.channels import open_channel
+from tandem.security.tls import PLAINTEXT, TlsConfig
 from tandem.v1 import generate_pb2 as pb
 from tandem.v1 import generate_pb2_grpc
 
@@ -22,15 +24,34 @@ def build_request(args) -> pb.GenerateRequest:
     return pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content=args.text)], params=params)
 
 
+def client_tls(args) -> TlsConfig:
+    """--tls-ca / --tls-cert / --tls-key, each falling back to --tls-dir's ca.pem, client.pem and
+    client-key.pem (what `tandem certs create` writes)."""
+    folder = Path(args.tls_dir) if getattr(args, "tls_dir", None) else None
+
+    def pick(given, name: str) -> Path | None:
+        if given:
+            return Path(given)
+        return folder / name if folder and (folder / name).is_file() else None
+
+    cert, key = pick(args.tls_cert, "client.pem"), pick(args.tls_key, "client-key.pem")
+    return TlsConfig(cert if key else None, key if cert else None, pick(args.tls_ca, "ca.pem"))
+
+
+def call_metadata(args) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {args.api_key}"),) if getattr(args, "api_key", None) else ()
+
+
 def generate(args) -> int:
-    with grpc.insecure_channel(args.address, options=CHANNEL_OPTIONS) as channel:
+    metadata = call_metadata(args)
+    with open_channel(args.address, client_tls(args)) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)
         started = time.perf_counter()
         first = None
         usage = None
         texts: dict[int, list[str]] = {}  # n > 1: each choice is printed whole at the end
         try:
-            for response in stub.Generate(build_request(args), timeout=600):
+            for response in stub.Generate(build_request(args), timeout=600, metadata=metadata):
                 first = first or time.perf_counter()
                 for choice in response.choices:
                     texts.setdefault(choice.index, []).append(choice.text)
@@ -46,7 +67,7 @@ def generate(args) -> int:
         for index in sorted(texts) if args.n > 1 else ():
             print(f"[{index}] {''.join(texts[index])}")
         print()
-        stats = stub.Stats(pb.StatsRequest(), timeout=10)
+        stats = stub.Stats(pb.StatsRequest(), timeout=10, metadata=metadata)
     _print_figures(usage, stats, elapsed, (first or started) - started)
     return 0
 
@@ -70,9 +91,10 @@ def _print_figures(usage, stats, elapsed: float, ttft: float) -> None:
         print("speculation: off (plain decoding; 1 token per target step)", file=sys.stderr)
 
 
-def health(address: str, service: str = "", timeout: float = 3.0, quiet: bool = False) -> int:
-    """0 when SERVING, 1 otherwise (for compose healthchecks)."""
-    with grpc.insecure_channel(address) as channel:
+def health(address: str, service: str = "", timeout: float = 3.0, quiet: bool = False, tls: TlsConfig = PLAINTEXT) -> int:
+    """0 when SERVING, 1 otherwise (for compose healthchecks). Health is open to any caller; a
+    port with mutual TLS still wants a certificate its CA signed for the handshake."""
+    with open_channel(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             status = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout).status

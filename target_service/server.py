@@ -1,12 +1,12 @@
 """Builds and runs the target service's gRPC server."""
 
 import logging
-from concurrent import futures
 
-import grpc
 import torch
 
-from tandem.grpc_server import SERVER_OPTIONS, ErrorInterceptor, add_health_and_reflection, serve_until_signal
+from tandem.channels import bind, bind_probe_port, make_server, transport_checks
+from tandem.grpc_server import add_health_and_reflection, serve_until_signal
+from tandem.security.identity import target_policy
 from tandem.metrics import engine_collector, serve_metrics
 from tandem.telemetry.tracing import Tracing, setup_tracing
 from tandem.v1 import engine_pb2_grpc
@@ -24,16 +24,13 @@ def start_target(config: TargetConfig, engine: TargetEngine | None = None, traci
         torch.set_num_threads(config.num_threads)
     compute = compute_thread("target-compute", config.num_threads or torch.get_num_threads())
     engine = engine or compute.submit(TargetEngine, config).result()  # built where it computes
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=8),
-        interceptors=[ErrorInterceptor()],
-        options=SERVER_OPTIONS,
-    )
+    checks = [*transport_checks(config.tls), *([target_policy(config.identities)] if config.tls.mutual else [])]
+    server = make_server(checks=checks)
     engine_pb2_grpc.add_TargetEngineServicer_to_server(TargetServicer(engine, compute, tracing), server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
-    if port == 0:
-        raise RuntimeError(f"target: cannot bind {config.host}:{config.port}")
+    port = bind(server, config.host, config.port, config.tls, "target")
+    if config.health_port:
+        bind_probe_port(server, config.host, config.health_port, "target")
     server.start()
     log.info("target: serving %s (%s) on %s:%d", config.model_dir, config.dtype, config.host, port)
     metrics = serve_metrics(config.host, config.metrics_port, engine_collector("target", engine), "target")

@@ -13,7 +13,8 @@ from draft_service.config import DraftConfig
 from draft_service.server import start_draft
 from router.config import RouterConfig
 from router.server import start_router
-from tandem.grpc_server import CHANNEL_OPTIONS
+from tandem.channels import open_channel
+from tandem.security.tls import PLAINTEXT, TlsConfig
 from tandem.v1 import engine_pb2, engine_pb2_grpc, generate_pb2, generate_pb2_grpc
 from target_service.config import TargetConfig
 from target_service.server import start_target
@@ -34,13 +35,14 @@ class Services:
     draft_engine: object = None
     draft_port: int = 0
     metrics: list = field(default_factory=list)  # the services' /metrics servers (metrics_port set)
+    router_tls: TlsConfig = PLAINTEXT  # the router's identity: what target_stats calls with
 
     @property
     def stub(self) -> generate_pb2_grpc.GenerationStub:
         return generate_pb2_grpc.GenerationStub(self.channel)
 
     def target_stats(self):
-        with grpc.insecure_channel(f"127.0.0.1:{self.target_port}") as ch:
+        with open_channel(f"127.0.0.1:{self.target_port}", self.router_tls) as ch:
             return engine_pb2_grpc.TargetEngineStub(ch).Stats(engine_pb2.EngineStatsRequest(), timeout=10)
 
     def flush_prefix_cache(self) -> None:
@@ -81,13 +83,27 @@ class Services:
         await self.router_engine.stop()
 
 
+def identity_tls(certs: Path | None, name: str) -> TlsConfig:
+    """`name`'s certificate, key and the CA of a `tandem certs create` folder (None: plaintext)."""
+    if certs is None:
+        return PLAINTEXT
+    return TlsConfig(certs / f"{name}.pem", certs / f"{name}-key.pem", certs / "ca.pem")
+
+
 def start_services(
     model_dir: Path, *, target: dict | None = None, router: dict | None = None, draft_model: Path | None = None,
-    draft_method: str = "eagle", draft: dict | None = None, tracing: dict | None = None,
+    draft_method: str = "eagle", draft: dict | None = None, tracing: dict | None = None, certs: Path | None = None,
 ) -> Services:
     """draft_model: a draft head folder for `draft_method`; `draft` overrides DraftConfig fields
-    (shape, medusa_choices, ...); `tracing`: "router" / "target" / "draft" -> its Tracing."""
+    (shape, medusa_choices, ...); `tracing`: "router" / "target" / "draft" -> its Tracing;
+    `certs`: a `tandem certs create` folder: mutual TLS between the services, TLS on the public
+    port (the harness's channel verifies it against the CA)."""
     tracing = tracing or {}
+    if certs is not None:
+        target = {"tls": identity_tls(certs, "target"), **(target or {})}
+        draft = {"tls": identity_tls(certs, "draft"), **(draft or {})}
+        public = TlsConfig(certs / "router.pem", certs / "router-key.pem")
+        router = {"tls": identity_tls(certs, "router"), "public_tls": public, **(router or {})}
     tconf = replace(TargetConfig(model_dir=model_dir, port=0, kv_cache_tokens=8192, kv_page_size=8), **(target or {}))
     target_server, _, target_port, engine, target_metrics = start_target(tconf, tracing=tracing.get("target"))
     draft_server, draft_engine, draft_port, draft_metrics = None, None, 0, None
@@ -106,10 +122,10 @@ def start_services(
     thread.start()
     server, router_engine, _, _, router_port, router_metrics = asyncio.run_coroutine_threadsafe(
         start_router(rconf, tracing.get("router")), loop).result(timeout=60)
-    channel = grpc.insecure_channel(f"127.0.0.1:{router_port}", options=CHANNEL_OPTIONS)
+    channel = open_channel(f"127.0.0.1:{router_port}", TlsConfig(ca=certs / "ca.pem") if certs else PLAINTEXT)
     metrics = [m for m in (router_metrics, draft_metrics, target_metrics) if m is not None]
     return Services(target_port, router_port, target_server, engine, loop, thread, server, router_engine, channel,
-                    draft_server, draft_engine, draft_port, metrics)
+                    draft_server, draft_engine, draft_port, metrics, identity_tls(certs, "router"))
 
 
 def generate(stub, timeout: float = 120, **fields) -> tuple[list[int], str, list, generate_pb2.GenerateResponse]:

@@ -1,0 +1,106 @@
+"""Every gRPC channel and server of tandem is made here: credentials (plaintext, TLS, mutual
+TLS), keepalive, message limits and reconnect backoff are set once, for the router's channels to
+the target and the draft, the draft's peer stream to the target, the CLI's clients, the benches,
+and the three services' servers."""
+
+import ipaddress
+import logging
+from collections.abc import Sequence
+from concurrent import futures
+
+import grpc
+
+from tandem.grpc_server import CHANNEL_OPTIONS, SERVER_OPTIONS, AioErrorInterceptor, ErrorInterceptor
+from tandem.security.guard import AioGuardInterceptor, Check, GuardInterceptor, tls_required
+from tandem.security.tls import PLAINTEXT, TlsConfig, TlsFiles, TlsMaterial
+
+log = logging.getLogger(__name__)
+
+
+def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials | None:
+    """None for plaintext. The files are read now: a channel made after a rotation uses the new
+    ones. With a CA the server is verified against it (else against the system's roots); with a
+    certificate and key the channel presents them (mutual TLS)."""
+    if not tls.enabled:
+        return None
+    material = TlsFiles(tls).material
+    return grpc.ssl_channel_credentials(root_certificates=material.ca, private_key=material.key,
+                                        certificate_chain=material.cert)
+
+
+def open_channel(address: str, tls: TlsConfig = PLAINTEXT, *, aio: bool = False, options=CHANNEL_OPTIONS):
+    """A channel (grpc.aio's with aio) to `address` with tandem's options."""
+    api = grpc.aio if aio else grpc
+    credentials = channel_credentials(tls)
+    if credentials is None:
+        return api.insecure_channel(address, options=options)
+    return api.secure_channel(address, credentials, options=options)
+
+
+def make_server(*, aio: bool = False, checks: Sequence[Check] = (), options=SERVER_OPTIONS, max_workers: int = 8,
+                maximum_concurrent_rpcs: int | None = None):
+    """A server whose calls pass the checks (identities, API keys) before anything else, then
+    the interceptor that maps typed errors to status codes."""
+    if aio:
+        interceptors = [*([AioGuardInterceptor(checks)] if checks else []), AioErrorInterceptor()]
+        return grpc.aio.server(interceptors=interceptors, options=options, maximum_concurrent_rpcs=maximum_concurrent_rpcs)
+    interceptors = [*([GuardInterceptor(checks)] if checks else []), ErrorInterceptor()]
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors, options=options,
+                       maximum_concurrent_rpcs=maximum_concurrent_rpcs)
+
+
+def _server_config(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration([(material.key, material.cert)], root_certificates=material.ca)
+
+
+def server_credentials(tls: TlsConfig, require_client_auth: bool) -> grpc.ServerCredentials:
+    """Credentials that gRPC refreshes before each handshake: rotated files are served to new
+    connections without a restart."""
+    files = TlsFiles(tls)
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        material = files.refresh()
+        return None if material is None else _server_config(material)
+
+    return grpc.dynamic_ssl_server_credentials(_server_config(files.material), fetch,
+                                               require_client_authentication=require_client_auth)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def transport_checks(tls: TlsConfig) -> list[Check]:
+    """A server with TLS serves only health and reflection on its plaintext probe port."""
+    return [tls_required] if tls.serves_tls else []
+
+
+def bind_probe_port(server, host: str, port: int, name: str) -> int:
+    """--health-port: plaintext, for probes that present no certificate (Kubernetes' gRPC
+    probes, load balancers); with TLS on the service, only health and reflection answer here."""
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise RuntimeError(f"{name}: cannot bind the health port {host}:{port}")
+    return bound
+
+
+def bind(server, host: str, port: int, tls: TlsConfig, name: str, *, require_client_auth: bool | None = None) -> int:
+    """Listens on host:port (TLS with tls's certificate; client certificates required when it
+    has a CA, unless require_client_auth says otherwise); returns the bound port."""
+    address = f"{host}:{port}"
+    if tls.serves_tls:
+        mutual = tls.ca is not None if require_client_auth is None else require_client_auth
+        bound = server.add_secure_port(address, server_credentials(tls, mutual))
+    else:
+        if not is_loopback(host):
+            log.warning("%s: listening on %s WITHOUT TLS: anyone who reaches this port can call it"
+                        " (--tls-cert/--tls-key/--tls-ca, docs/deploy.md)", name, address)
+        bound = server.add_insecure_port(address)
+    if bound == 0:
+        raise RuntimeError(f"{name}: cannot bind {address}")
+    return bound
