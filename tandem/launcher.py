@@ -1,10 +1,13 @@
-"""`tandem up`: the services as local processes, stopped together on Ctrl-C or SIGTERM."""
+"""`tandem up`: the services as local processes, supervised (one that dies is restarted with
+backoff while the others serve on), stopped together on Ctrl-C or SIGTERM."""
 
 import argparse
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.client import health
@@ -95,9 +98,82 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
     return target, router, draft
 
 
-def run_up(args, model: Path) -> int:
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delays before restarting a service that died: `initial_s`, doubled at each death in a
+    row up to `cap_s`. A service that stayed up `stable_s` before it died starts afresh (a crash
+    loop backs off; a service that dies once a day restarts at once)."""
+
+    initial_s: float = 1.0
+    cap_s: float = 30.0
+    stable_s: float = 60.0
+
+    def delay(self, deaths_in_a_row: int) -> float:
+        return min(self.cap_s, self.initial_s * 2 ** (deaths_in_a_row - 1))
+
+
+class Supervised:
+    """One service's process: `check` finds it dead and restarts it when its backoff is over.
+    The router and the draft find a restarted target (or draft) on their own."""
+
+    def __init__(self, name: str, spawn: Callable[[], subprocess.Popen], backoff: Backoff,
+                 say: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic):
+        self.name, self._spawn, self.backoff, self._say, self._clock = name, spawn, backoff, say, clock
+        self.proc: subprocess.Popen | None = None
+        self.deaths = 0  # in a row, each within stable_s of its start
+        self.restarts = 0
+        self._started = 0.0
+        self._restart_at: float | None = None  # while dead: when it is started again
+
+    def start(self) -> subprocess.Popen:
+        self.proc, self._started, self._restart_at = self._spawn(), self._clock(), None
+        return self.proc
+
+    def check(self) -> None:
+        now = self._clock()
+        if self.proc is None:
+            if self._restart_at is not None and now >= self._restart_at:
+                self.start()
+                self.restarts += 1
+                self._say(f"tandem up: {self.name} restarted (pid {self.proc.pid})")
+            return
+        code = self.proc.poll()
+        if code is None:
+            return
+        self.deaths = 1 if now - self._started >= self.backoff.stable_s else self.deaths + 1
+        delay = self.backoff.delay(self.deaths)
+        self._say(f"tandem up: {self.name} (pid {self.proc.pid}) {_exit_text(code)}; restarting it in {delay:g} s")
+        self.proc, self._restart_at = None, now + delay
+
+    def terminate(self) -> None:
+        self._restart_at = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def run_up(args, model: Path, backoff: Backoff = Backoff()) -> int:
     target_args, router_args, draft_args = service_args(args, model)
-    procs: list[subprocess.Popen] = []
+    plan = [("target", target_args, args.target_port), ("draft", draft_args, args.draft_port),
+            ("router", router_args, args.router_port)]
+    services: list[Supervised] = []
     stopping = False
 
     def stop(*_):
@@ -107,29 +183,27 @@ def run_up(args, model: Path) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        procs.append(_spawn(target_args, args.log_level, args.log_format))
-        wait_healthy(f"{args.host}:{args.target_port}", procs)
-        if draft_args:
-            procs.append(_spawn(draft_args, args.log_level, args.log_format))
-            wait_healthy(f"{args.host}:{args.draft_port}", procs)
-        procs.append(_spawn(router_args, args.log_level, args.log_format))
-        wait_healthy(f"{args.host}:{args.router_port}", procs)
+        for name, service, port in plan:  # in order, each ready before the next needs it
+            if service is None:
+                continue
+            spawn = lambda service=service: _spawn(service, args.log_level, args.log_format)  # noqa: E731
+            services.append(Supervised(name, spawn, backoff, lambda line: print(line, flush=True)))
+            print(f"tandem up: {name} started (pid {services[-1].start().pid})", flush=True)
+            wait_healthy(f"{args.host}:{port}", [s.proc for s in services])
         drafting = f"{args.draft} {args.draft_model}, {args.shape or 'its default shape'}, k = {args.spec_draft_length}" \
             if draft_args else "none"
         print(f"tandem up: router on {args.host}:{args.router_port} (draft: {drafting})", flush=True)
-        while not stopping and all(p.poll() is None for p in procs):
+        while not stopping:
+            for service in services:
+                service.check()
             time.sleep(0.2)
     finally:
-        _terminate(procs)
-    return 0 if stopping else 1
+        _terminate(services)
+    return 0
 
 
-def _terminate(procs: list[subprocess.Popen]) -> None:
-    for p in reversed(procs):  # the router first, so it stops sending steps
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in reversed(procs):
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
+def _terminate(services: list[Supervised]) -> None:
+    for service in reversed(services):  # the router first, so it stops sending steps
+        service.terminate()
+    for service in reversed(services):
+        service.wait(timeout=15)
