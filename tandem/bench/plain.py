@@ -10,15 +10,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
-
 from tandem.bench.hf import HFGenerator
 from tandem.bench.inputs import bench_model, bench_prompts
 from tandem.bench.machine import machine_facts, matvec_bandwidth
 from tandem.bench.services import Devices, running_services
 from tandem.bench.shapes import add_shapes_flag
 from tandem.bench.spec_modes import add_spec_flags
-from tandem.grpc_server import CHANNEL_OPTIONS
+from tandem.channels import open_channel
 from tandem.v1 import generate_pb2 as pb
 from tandem.v1 import generate_pb2_grpc
 
@@ -64,7 +62,7 @@ def bench_side_by_side(args, model: Path, prompts) -> tuple[dict, dict, list, li
     hf_generate = lambda batch: generator.generate(batch).outputs  # noqa: E731
     tandem, hf = {}, {}
     with running_services(model, args.dtype, args.threads, devices=devices) as address:
-        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        with open_channel(address) as channel:
             stub = generate_pb2_grpc.GenerationStub(channel)
             _tandem_one(stub, prompts[0], 4)  # warm-up
             hf_generate([prompts[0]])

@@ -11,12 +11,10 @@ import statistics
 import time
 from pathlib import Path
 
-import grpc
-
 from tandem.bench.machine import machine_facts
 from tandem.bench.inputs import REDUCED_PROMPTS, bench_model
 from tandem.bench.services import Devices, running_services
-from tandem.grpc_server import CHANNEL_OPTIONS
+from tandem.channels import open_channel
 from tandem.v1 import generate_pb2 as pb
 from tandem.v1 import generate_pb2_grpc
 
@@ -56,8 +54,8 @@ def run_prefix_bench(args) -> int:
     with running_services(model, args.dtype, args.threads, devices=devices) as on_addr, \
             running_services(model, args.dtype, args.threads, extra_router=off_flags, devices=devices) as off_addr:
         runs = {"on": [], "off": []}
-        with grpc.insecure_channel(on_addr, options=CHANNEL_OPTIONS) as on, \
-                grpc.insecure_channel(off_addr, options=CHANNEL_OPTIONS) as off:
+        with open_channel(on_addr) as on, \
+                open_channel(off_addr) as off:
             stubs = {"on": generate_pb2_grpc.GenerationStub(on), "off": generate_pb2_grpc.GenerationStub(off)}
             for i, q in enumerate(questions):
                 order = ("on", "off") if i % 2 == 0 else ("off", "on")

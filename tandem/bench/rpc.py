@@ -1,15 +1,21 @@
-"""`tandem bench --mode rpc`: what a target step costs beyond its compute, by transport.
+"""`tandem bench --mode rpc`: what a target step costs beyond its compute, by transport and by
+channel security.
 
-One target process; the router's own client stack (grpcio's asyncio channel, tandem.codec)
-sends steps both ways, block by block in turn so that drift touches both alike: a Step call
-each (unary) and the Steps stream the router uses. Two kinds of step: ops only (no model run:
-the round trip alone) and one sequence's one-token decode. Reported per transport: the median
-wall time of a step and its overhead (wall less the target's own compute_ms).
+Two target processes, one plaintext and one serving mutual TLS (certificates from `tandem certs
+create`, the router's identity presenting its own); the router's own client stack (grpcio's
+asyncio channel, tandem.codec) sends steps every way, block by block in turn so that drift
+touches all alike: a Step call each (unary) and the Steps stream the router uses. Three kinds of
+step: ops only (no model run: the round trip alone), one sequence's one-token decode, and eight
+sequences' (a batch of 8 streams). Reported per cell: the median wall time of a step and its
+overhead (wall less the target's own compute_ms); per kind, what mutual TLS adds on the stream
+as a fraction of the plaintext step.
 """
 
 import asyncio
+import contextlib
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,13 +25,17 @@ from tandem import codec
 from tandem.bench.inputs import bench_model
 from tandem.bench.machine import machine_facts
 from tandem.bench.services import Devices, running_target
-from tandem.grpc_server import CHANNEL_OPTIONS
+from tandem.channels import open_channel
 from tandem.ops import AddSequence, EntryKind, RemoveSequence, StepEntry, StepRequest
 from tandem.sampling.params import SamplingParams
+from tandem.security.certs import create_dir
+from tandem.security.tls import PLAINTEXT, TlsConfig
 from tandem.v1 import engine_pb2_grpc
 
 BLOCK = 16  # steps per turn of one transport
 PROMPT = tuple(range(5, 37))
+BATCH = 8  # the "8 streams" decode: eight sequences in one step
+SECURITIES = ("plain", "mtls")
 
 
 class _Client:
@@ -51,32 +61,43 @@ class _Client:
         return codec.step_result_from_pb(response), wall_ms
 
 
-async def _measure(address: str, empty_steps: int, decode_steps: int) -> dict:
-    samples = {(t, kind): [] for t in ("unary", "stream") for kind in ("ops_only", "decode")}
-    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        client = _Client(engine_pb2_grpc.TargetEngineStub(channel))
-        for transport in ("unary", "stream"):  # warm both
+async def _measure(addresses: dict[str, tuple[str, TlsConfig]], empty_steps: int, decode_steps: int) -> dict:
+    """addresses: security -> (target address, the client's TLS)."""
+    samples: dict[tuple, list] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {}
+        for security, (address, tls) in addresses.items():
+            channel = await stack.enter_async_context(open_channel(address, tls, aio=True))
+            clients[security] = _Client(engine_pb2_grpc.TargetEngineStub(channel))
+        cells = [(sec, t) for sec in clients for t in ("unary", "stream")]
+        for security, transport in cells:  # warm every cell
             for _ in range(BLOCK):
-                await client.step(transport)
+                await clients[security].step(transport)
         for i in range(empty_steps):
-            transport = _turn(i)
-            result, wall = await client.step(transport)
-            samples[(transport, "ops_only")].append((wall, result.compute_ms))
-        prefilled, _ = await client.step("stream", ops=[AddSequence(1, SamplingParams(temperature=0))],
-                                         entries=[StepEntry(1, EntryKind.PREFILL, PROMPT, True)])
-        token = prefilled.results[0].tokens[-1].token_id  # each decode feeds the token just sampled
-        for i in range(decode_steps):
-            transport = _turn(i)
-            result, wall = await client.step(transport, entries=[StepEntry(1, EntryKind.DECODE, (token,), True)])
-            token = result.results[0].tokens[-1].token_id
-            samples[(transport, "decode")].append((wall, result.compute_ms))
-        await client.step("stream", ops=[RemoveSequence(1)])
-        client.stream.cancel()
-    return {f"{t}/{kind}": _figures(xs) for (t, kind), xs in samples.items() if xs}
+            security, transport = cells[(i // BLOCK) % len(cells)]
+            result, wall = await clients[security].step(transport)
+            samples.setdefault((security, transport, "ops_only"), []).append((wall, result.compute_ms))
+        for batch, kind in ((1, "decode"), (BATCH, f"decode{BATCH}")):
+            tokens = {sec: await _prefill(c, batch) for sec, c in clients.items()}
+            for i in range(decode_steps):
+                security, transport = cells[(i // BLOCK) % len(cells)]
+                entries = [StepEntry(seq, EntryKind.DECODE, (tok,), True) for seq, tok in tokens[security].items()]
+                result, wall = await clients[security].step(transport, entries=entries)
+                tokens[security] = {r.seq_id: r.tokens[-1].token_id for r in result.results}
+                samples.setdefault((security, transport, kind), []).append((wall, result.compute_ms))
+            for security, client in clients.items():
+                await client.step("stream", ops=[RemoveSequence(seq) for seq in tokens[security]])
+        for client in clients.values():
+            client.stream.cancel()
+    return {"/".join(key): _figures(xs) for key, xs in samples.items()}
 
 
-def _turn(i: int) -> str:
-    return "unary" if (i // BLOCK) % 2 == 0 else "stream"
+async def _prefill(client: _Client, batch: int) -> dict[int, int]:
+    """`batch` sequences prefilled; returns seq id -> the token each decodes next."""
+    seqs = range(1, batch + 1)
+    prefilled, _ = await client.step("stream", ops=[AddSequence(s, SamplingParams(temperature=0)) for s in seqs],
+                                     entries=[StepEntry(s, EntryKind.PREFILL, PROMPT, True) for s in seqs])
+    return {r.seq_id: r.tokens[-1].token_id for r in prefilled.results}
 
 
 def _figures(xs: list[tuple[float, float]]) -> dict:
@@ -89,21 +110,38 @@ def _figures(xs: list[tuple[float, float]]) -> dict:
     }
 
 
+def _summary(cells: dict) -> dict:
+    summary = {}
+    for kind in ("ops_only", "decode", f"decode{BATCH}"):
+        plain, mtls = cells[f"plain/stream/{kind}"], cells[f"mtls/stream/{kind}"]
+        summary[kind] = {
+            "overhead_ms_median_unary": cells[f"plain/unary/{kind}"]["overhead_ms_median"],
+            "overhead_ms_median_stream": plain["overhead_ms_median"],
+            "stream_over_unary": round(plain["overhead_ms_median"]
+                                       / max(cells[f"plain/unary/{kind}"]["overhead_ms_median"], 1e-9), 3),
+            "mtls_overhead_ms_median_stream": mtls["overhead_ms_median"],
+            # what mutual TLS adds to a step on the stream, as a fraction of the plaintext step
+            "mtls_added_fraction_of_step": round((mtls["overhead_ms_median"] - plain["overhead_ms_median"])
+                                                 / max(plain["wall_ms_median"], 1e-9), 4),
+        }
+    return summary
+
+
 def run_rpc_bench(args) -> int:
     model = bench_model(args)
     devices = Devices.from_args(args)
-    empty_steps, decode_steps = (4 * BLOCK, 2 * BLOCK) if args.reduced else (64 * BLOCK, 2 * args.max_tokens)
-    with running_target(model, args.dtype, args.threads, devices) as address:
-        cells = asyncio.run(_measure(address, empty_steps, decode_steps))
-    summary = {
-        kind: {
-            "overhead_ms_median_unary": cells[f"unary/{kind}"]["overhead_ms_median"],
-            "overhead_ms_median_stream": cells[f"stream/{kind}"]["overhead_ms_median"],
-            "stream_over_unary": round(cells[f"stream/{kind}"]["overhead_ms_median"]
-                                       / max(cells[f"unary/{kind}"]["overhead_ms_median"], 1e-9), 3),
+    empty_steps, decode_steps = (8 * BLOCK, 4 * BLOCK) if args.reduced else (64 * BLOCK, 4 * args.max_tokens)
+    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
+        certs = Path(folder)
+        create_dir(certs, identities=("router", "target"))
+        served = TlsConfig(certs / "target.pem", certs / "target-key.pem", certs / "ca.pem")
+        router = TlsConfig(certs / "router.pem", certs / "router-key.pem", certs / "ca.pem")
+        addresses = {
+            "plain": (stack.enter_context(running_target(model, args.dtype, args.threads, devices)), PLAINTEXT),
+            "mtls": (stack.enter_context(running_target(model, args.dtype, args.threads, devices, served)), router),
         }
-        for kind in ("ops_only", "decode")
-    }
+        cells = asyncio.run(_measure(addresses, empty_steps, decode_steps))
+    summary = _summary(cells)
     report = {
         "mode": "rpc", "model": str(model), "dtype": args.dtype, "reduced": args.reduced,
         "cells": cells, "summary": summary,

@@ -123,15 +123,20 @@ def running_stacks(model: Path, dtype: str, threads: int, specs: list[StackSpec]
 
 
 @contextlib.contextmanager
-def running_target(model: Path, dtype: str, threads: int, devices: Devices = Devices()):
-    """A target process alone; yields its address."""
+def running_target(model: Path, dtype: str, threads: int, devices: Devices = Devices(), tls=None):
+    """A target process alone (serving `tls`, a TlsConfig, when given); yields its address."""
     port = free_port()
     cmd = [sys.executable, "-m", "tandem.cli", "--log-level", "WARNING", "target", "--model", str(model),
            "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port), "--threads", str(threads),
            *devices.service_flags(devices.target)]
+    probe = port
+    if tls is not None:  # readiness on its plaintext probe port: health alone answers there
+        probe = free_port()
+        cmd += ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key), "--tls-ca", str(tls.ca),
+                "--health-port", str(probe)]
     procs: list[subprocess.Popen] = []
     try:
-        _start_tier(procs, [(port, cmd)])
+        _start_tier(procs, [(probe, cmd)])
         yield f"127.0.0.1:{port}"
     finally:
         _stop(procs)

@@ -12,15 +12,13 @@ import os
 import time
 from pathlib import Path
 
-import grpc
-
 from tandem.bench.hf import HFGenerator
 from tandem.bench.inputs import bench_model, bench_prompts
 from tandem.bench.services import bench_kv_cache_tokens, running_stacks
 from tandem.bench.spec_modes import Mode, SpecBenchConfig, plan_modes, spec_config
 from tandem.bench.spec_runners import HFRunner, Refused, Tally, TandemRunner, timed
 from tandem.bench.streams import time_split
-from tandem.grpc_server import CHANNEL_OPTIONS
+from tandem.channels import open_channel
 from tandem.v1 import generate_pb2_grpc
 
 
@@ -69,7 +67,7 @@ def measure(cfg: SpecBenchConfig, model: Path, prompts: list[list[int]], modes: 
             contextlib.ExitStack() as channels:
         runners = {}
         for m, address in zip(served, addresses):
-            channel = channels.enter_context(grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
+            channel = channels.enter_context(open_channel(address))
             runners[m.name] = TandemRunner(generate_pb2_grpc.GenerationStub(channel), cfg.max_tokens)
         for m in in_process:
             runners[m.name] = HFRunner(generator, m.lookup_tokens)

@@ -145,15 +145,17 @@ def test_up_with_a_medusa_tree_draft(tiny_model, tmp_path):
     assert code == 0
 
 
-def test_rpc_bench_reduced_measures_both_transports(tmp_path):
+def test_rpc_bench_reduced_measures_both_transports_plain_and_mutual_tls(tmp_path):
     out = tandem_cli("bench", "--mode", "rpc", "--reduced", "--out", str(tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     import json
 
     report = json.loads((tmp_path / "rpc-reduced-latest.json").read_text())
     cells = report["cells"]
-    assert set(cells) == {f"{t}/{k}" for t in ("unary", "stream") for k in ("ops_only", "decode")}
-    assert cells["unary/ops_only"]["steps"] == cells["stream/ops_only"]["steps"] == 32
-    assert cells["unary/decode"]["steps"] == cells["stream/decode"]["steps"] == 16
+    kinds = ("ops_only", "decode", "decode8")
+    assert set(cells) == {f"{s}/{t}/{k}" for s in ("plain", "mtls") for t in ("unary", "stream") for k in kinds}
+    assert {cells[f"{s}/{t}/ops_only"]["steps"] for s in ("plain", "mtls") for t in ("unary", "stream")} == {32}
+    assert {cells[f"{s}/{t}/decode8"]["steps"] for s in ("plain", "mtls") for t in ("unary", "stream")} == {16}
     assert all(c["wall_ms_median"] > 0 for c in cells.values())
     assert report["summary"]["decode"]["stream_over_unary"] > 0 and report["devices"]["target"] == "cpu"
+    assert all("mtls_added_fraction_of_step" in report["summary"][k] for k in kinds)

@@ -17,7 +17,7 @@ from tandem.testing.tiny import TINY_PROMPTS, build_tiny_model
 from tandem.v1 import engine_pb2 as epb
 from tandem.v1 import engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
-from tests.services.harness import generate, identity_tls, start_services
+from tests.services.harness import identity_tls, start_services
 from tests.services.test_generate import greedy, transformers_greedy
 
 KEY = "sk-tandem-test-key-1"
