@@ -22,6 +22,15 @@ class RouterConfig:
     # Finished sequences the prefix cache keeps (-1: as many as sequence slots allow, 0: off).
     prefix_cache_max_num_recycling_seqs: int = -1
     max_waiting: int = 1024
+    max_running_requests: int = 0  # requests running at once; later ones wait (0: the sequence budget)
+    # The public port: concurrent calls at most (more get RESOURCE_EXHAUSTED from gRPC; 0: no
+    # cap); a connection lives max_connection_age_s (then clients reconnect: load spreads over
+    # replicas), its calls given max_connection_age_grace_s to finish (longer than a long
+    # generation); clients may ping no more often than min_ping_interval_s.
+    max_concurrent_rpcs: int = 0
+    max_connection_age_s: float = 1800.0
+    max_connection_age_grace_s: float = 900.0
+    min_ping_interval_s: float = 10.0
     # max_tokens when a request leaves it unset (clipped to the rest of the context and to what
     # the KV cache can hold with the prompt).
     default_max_tokens: int = 1024
@@ -54,5 +63,9 @@ class RouterConfig:
         for name in ("prefill_chunk_size", "max_waiting", "default_max_tokens", "spec_draft_length"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("max_running_requests", "max_concurrent_rpcs", "max_connection_age_s",
+                     "max_connection_age_grace_s", "min_ping_interval_s"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.spec_disable_batch_size < 0:
             raise InvalidArgument(f"spec_disable_batch_size must be >= 0, got {self.spec_disable_batch_size}")

@@ -20,6 +20,7 @@ from router.call_stream import CallStream
 from router.config import RouterConfig
 from router.limits import resolve_limits
 from router.output import OutputProcessor
+from router.overload import DrainRate, QueueFull
 from router.figures import RouterFigures
 from router.request import GenerationSpec, Request, new_request
 from router.scheduler import Scheduler, StepPlan
@@ -88,6 +89,7 @@ class RouterEngine:
             speculator.on_down = self.scheduler.draft_lost
             speculator.on_up = self.scheduler.draft_back
         self.counters = Counters()
+        self.drain = DrainRate()  # requests finishing lately: a full queue's retry pushback
         self.figures = RouterFigures()  # latencies and outcomes, for /metrics and Stats
         self._last_step = 0  # the last target step that completed
         self.kv_pages_free = info.kv_pages_total
@@ -118,7 +120,11 @@ class RouterEngine:
         request = new_request(spec, self.scheduler.new_seq_id)
         for seq in request.choices:  # before enqueue: a sequence queued without one never streams
             seq.output = OutputProcessor(seq, self.tokenizer.hf)
-        self.scheduler.enqueue(request)  # raises ResourceExhausted before anything is kept
+        try:
+            self.scheduler.enqueue(request)  # raises ResourceExhausted before anything is kept
+        except QueueFull as e:
+            e.retry_after_ms = self.drain.retry_after_ms(e.waiting)  # when the queue ahead drains
+            raise
         self.tracing.added(request, span)
         self._requests.append(request)
         self.counters.requests_total += 1
@@ -159,6 +165,7 @@ class RouterEngine:
             self.counters.cached_prompt_tokens_total += request.cached_prompt_tokens
             reason = self.figures.on_finished(request)
             self.tracing.finished(request, reason)
+            self.drain.record()
         self._wake.set()
 
     async def _loop(self) -> None:

@@ -63,6 +63,8 @@ class EngineLimits:
         (-1: no limit but max_held_sequences, 0: prefix cache off).
     kv_page_size, kv_pages_total: the target's paged KV cache.
     max_waiting: requests queued before new ones get RESOURCE_EXHAUSTED.
+    max_running_requests: requests running (prefill or decode) at once; later ones wait
+        (0: as many as the sequence budget allows).
     sliding_window: the model's sliding window (0: none).
     """
 
@@ -79,6 +81,7 @@ class EngineLimits:
     max_draft_tokens: int = 0  # draft tokens (tree nodes) per verify at most; 0: spec_draft_length
     spec_disable_batch_size: int = 0
     max_context_length: int = 0  # the target's context (0: unchecked)
+    max_running_requests: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_held_sequences", "prefill_chunk_size", "kv_page_size", "kv_pages_total", "max_waiting"):
@@ -152,4 +155,5 @@ def resolve_limits(config, info: EngineInfo, draft_max_num_sequence: int | None,
         max_draft_tokens=max(k, draft_max_tokens) if k else 0,
         spec_disable_batch_size=config.spec_disable_batch_size if k else 0,
         max_context_length=info.max_context_length,
+        max_running_requests=config.max_running_requests,
     )

@@ -23,6 +23,7 @@ from router.draft_mirror import DraftMirror, worth_respeculating
 from router.kv_state import KvState
 from router.limits import EngineLimits
 from router.request import Request, Sequence
+from router.overload import QueueFull
 from tandem.errors import ResourceExhausted
 from tandem.ops import EntryKind, EntryResult, SequenceOp, StepEntry
 
@@ -79,7 +80,7 @@ class Scheduler:
             raise ResourceExhausted(why)
         waiting = len({id(s.request) for s in self.waiting})  # a tree may wait as n roots
         if waiting >= self.limits.max_waiting:
-            raise ResourceExhausted(f"{waiting} requests already waiting (max_waiting)")
+            raise QueueFull(waiting)
         roots = [request.parent] if request.parent else request.choices
         self.waiting.extend(roots)
 
@@ -406,6 +407,14 @@ class Scheduler:
                 self.running.remove(seq)
                 self.forking.append(seq)
 
+    def _requests_full(self, request: Request) -> bool:
+        """max_running_requests are running and `request` is not one of them."""
+        cap = self.limits.max_running_requests
+        if not cap:
+            return False
+        running = {id(s.request) for s in (*self.running, *self.forking)}
+        return id(request) not in running and len(running) >= cap
+
     def _draft_room(self, places: int = 1) -> bool:
         """The draft takes `places` more sequences (a parent needs 2: it and its first child)."""
         return self.draft.room(places, self.kv.recycled_ids)
@@ -414,6 +423,8 @@ class Scheduler:
         """A parent comes in only with room for a child beside it, and while no other parent
         is live: parents that cannot fork would hold slots for nothing."""
         if seq.is_parent and (self.forking or any(s.is_parent for s in self.running)):
+            return False
+        if self._requests_full(seq.request):
             return False
         prompt = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
         return self._has_slot(room, min(seq.prefill_left, room.tokens), held=2 if seq.is_parent else 1, prompt=prompt)

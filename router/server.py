@@ -14,8 +14,8 @@ from router.speculation import Speculator
 from router.servicer import SERVICE_NAME, GenerationServicer
 from router.tokenizer import Tokenizer
 from tandem import codec
-from tandem.channels import bind, bind_probe_port, make_server, open_channel, transport_checks
-from tandem.grpc_server import GRACE_SECONDS, PUBLIC_SERVER_OPTIONS, add_health_and_reflection_aio, set_health_aio
+from tandem.channels import bind, bind_probe_port, make_server, open_channel, public_server_options, transport_checks
+from tandem.grpc_server import GRACE_SECONDS, add_health_and_reflection_aio, set_health_aio
 from tandem.security.api_keys import ApiKeys
 from tandem.metrics import serve_metrics
 from tandem.telemetry.tracing import Tracing, setup_tracing
@@ -55,7 +55,9 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     checks = transport_checks(config.public_tls)
     if config.api_key_file:
         checks.append(ApiKeys(config.api_key_file))
-    server = make_server(aio=True, checks=checks, options=PUBLIC_SERVER_OPTIONS)
+    options = public_server_options(config.max_connection_age_s, config.max_connection_age_grace_s,
+                                    config.min_ping_interval_s)
+    server = make_server(aio=True, checks=checks, options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs or None)
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
     health = await add_health_and_reflection_aio(server, [SERVICE_NAME])
     # NOT_SERVING while the target is down or serves another model: no request could be served.

@@ -10,7 +10,8 @@ from concurrent import futures
 
 import grpc
 
-from tandem.grpc_server import CHANNEL_OPTIONS, SERVER_OPTIONS, AioErrorInterceptor, ErrorInterceptor
+from tandem.grpc_server import (CHANNEL_OPTIONS, PUBLIC_SERVER_OPTIONS, SERVER_OPTIONS, AioErrorInterceptor,
+                                ErrorInterceptor)
 from tandem.security.guard import AioGuardInterceptor, Check, GuardInterceptor, tls_required
 from tandem.security.tls import PLAINTEXT, TlsConfig, TlsFiles, TlsMaterial
 
@@ -47,6 +48,19 @@ def make_server(*, aio: bool = False, checks: Sequence[Check] = (), options=SERV
     interceptors = [*([GuardInterceptor(checks)] if checks else []), ErrorInterceptor()]
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors, options=options,
                        maximum_concurrent_rpcs=maximum_concurrent_rpcs)
+
+
+def public_server_options(max_connection_age_s: float, grace_s: float, min_ping_interval_s: float) -> list:
+    """The router's public port: keepalive enforced (a client pinging more often than
+    min_ping_interval_s is told to go away after two strikes), connections aged out (0: never)
+    so clients reconnect and spread over replicas, their calls given `grace_s` to finish."""
+    options = dict(PUBLIC_SERVER_OPTIONS)
+    options["grpc.http2.min_ping_interval_without_data_ms"] = int(min_ping_interval_s * 1000)
+    options["grpc.http2.max_ping_strikes"] = 2
+    if max_connection_age_s:
+        options["grpc.max_connection_age_ms"] = int(max_connection_age_s * 1000)
+        options["grpc.max_connection_age_grace_ms"] = int(grace_s * 1000)
+    return list(options.items())
 
 
 def _server_config(material: TlsMaterial) -> grpc.ServerCertificateConfiguration:

@@ -164,7 +164,19 @@ def identities(args):
 
 def _add_router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk-size", type=int, default=_env("prefill_chunk_size", 512))
-    p.add_argument("--max-waiting", type=int, default=_env("max_waiting", 1024))
+    p.add_argument("--max-waiting", type=int, default=_env("max_waiting", 1024),
+                   help="requests queued; more get RESOURCE_EXHAUSTED with a grpc-retry-pushback-ms trailer")
+    p.add_argument("--max-running-requests", type=int, default=_env("max_running_requests", 0),
+                   help="requests running at once; later ones wait (0: as the sequence budget allows)")
+    p.add_argument("--max-concurrent-rpcs", type=int, default=_env("max_concurrent_rpcs", 0),
+                   help="calls in flight on the public port; more get RESOURCE_EXHAUSTED (0: no cap)")
+    p.add_argument("--max-connection-age-s", type=float, default=_env("max_connection_age_s", 1800.0),
+                   help="public connections are closed after this long (clients reconnect, spreading over"
+                        " replicas; 0: never)")
+    p.add_argument("--max-connection-age-grace-s", type=float, default=_env("max_connection_age_grace_s", 900.0),
+                   help="calls of an aged connection get this long to finish")
+    p.add_argument("--min-ping-interval-s", type=float, default=_env("min_ping_interval_s", 10.0),
+                   help="public clients pinging more often are disconnected (keepalive enforcement)")
     p.add_argument("--default-max-tokens", type=int, default=_env("default_max_tokens", 1024))
     p.add_argument("--max-total-sequence-length", type=int, default=_env("max_total_sequence_length", 0),
                    help="tokens over all live sequences (0: the KV cache's size)")
@@ -205,6 +217,11 @@ def router_config(args, model: Path):
         port=args.port,
         prefill_chunk_size=args.prefill_chunk_size,
         max_waiting=args.max_waiting,
+        max_running_requests=args.max_running_requests,
+        max_concurrent_rpcs=args.max_concurrent_rpcs,
+        max_connection_age_s=args.max_connection_age_s,
+        max_connection_age_grace_s=args.max_connection_age_grace_s,
+        min_ping_interval_s=args.min_ping_interval_s,
         default_max_tokens=args.default_max_tokens,
         draft_address=args.draft or None,
         spec_draft_length=args.spec_draft_length,

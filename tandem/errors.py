@@ -17,9 +17,14 @@ class InvalidArgument(TandemError):
 
 
 class ResourceExhausted(TandemError):
-    """Overload or capacity: KV pages, sequence slots, queue length."""
+    """Overload or capacity: KV pages, sequence slots, queue length. `retry_after_ms`: when a
+    retry may succeed (a full queue drains), sent as gRPC's retry pushback; None: no hint."""
 
     code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, retry_after_ms: int | None = None):
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
 
 
 class NotFound(TandemError):

@@ -54,6 +54,15 @@ def status_of(error: TandemError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, error.code, grpc.StatusCode.INTERNAL)
 
 
+RETRY_PUSHBACK = "grpc-retry-pushback-ms"  # gRPC's retry pushback (proposal A6): clients with a retry policy wait this long
+
+
+def pushback(error: TandemError) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata telling a client when to come back, for errors that know."""
+    after = getattr(error, "retry_after_ms", None)
+    return () if after is None else ((RETRY_PUSHBACK, str(int(after))),)
+
+
 def answer_each(request_iterator, answer: Callable, failed: Callable) -> Iterator:
     """A stream of calls (TargetEngine.Steps, DraftEngine.Drafts): `answer(message)` for each
     message, in order; one that raises is answered `failed(message, StepError)` and the stream
@@ -128,12 +137,14 @@ def _wrap_sync(behavior: Callable, request_streaming: bool, response_streaming: 
         try:
             return behavior(_argument(request, request_streaming, lambda it: _sync_requests(it, context)), context)
         except TandemError as e:
+            context.set_trailing_metadata(pushback(e))
             context.abort(status_of(e), str(e))
 
     def stream(request, context):
         try:
             yield from behavior(_argument(request, request_streaming, lambda it: _sync_requests(it, context)), context)
         except TandemError as e:
+            context.set_trailing_metadata(pushback(e))
             context.abort(status_of(e), str(e))
 
     return stream if response_streaming else unary
@@ -144,6 +155,7 @@ def _wrap_aio(behavior: Callable, request_streaming: bool, response_streaming: b
         try:
             return await behavior(_argument(request, request_streaming, _aio_requests), context)
         except TandemError as e:
+            context.set_trailing_metadata(pushback(e))
             await context.abort(status_of(e), str(e))
 
     async def stream(request, context):
@@ -151,6 +163,7 @@ def _wrap_aio(behavior: Callable, request_streaming: bool, response_streaming: b
             async for item in behavior(_argument(request, request_streaming, _aio_requests), context):
                 yield item
         except TandemError as e:
+            context.set_trailing_metadata(pushback(e))
             await context.abort(status_of(e), str(e))
 
     # A coroutine that streams its responses with context.write (grpc's aio Health.Watch) is
