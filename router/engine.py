@@ -13,10 +13,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import grpc
 from opentelemetry.trace import INVALID_SPAN, Span
 
-from router.call_stream import CallStream
 from router.config import RouterConfig
 from router.limits import resolve_limits
 from router.output import OutputProcessor
@@ -25,20 +23,14 @@ from router.figures import RouterFigures
 from router.request import GenerationSpec, Request, new_request
 from router.scheduler import Scheduler, StepPlan
 from router.speculation import Speculator
+from router.target_link import RESET_RETRY_S, TargetLink
 from router.tokenizer import Tokenizer
 from router.tracing import NO_STEP, RouterTracing
-from tandem import codec
 from tandem.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TandemError, Unavailable
-from tandem.grpc_server import MAX_RECONNECT_BACKOFF_MS
 from tandem.ops import EngineInfo, StepRequest
 from tandem.telemetry.tracing import Tracing
-from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
-RESET_RETRY_S = 1.0
-# A lost target is asked this long for its info, waiting for the channel to reconnect: a target
-# back within the reconnect backoff is found, not its waiting requests failed.
-RESET_WAIT_S = MAX_RECONNECT_BACKOFF_MS / 1e3 + RESET_RETRY_S
 
 
 @dataclass(slots=True)
@@ -60,7 +52,7 @@ class RouterEngine:
         self,
         config: RouterConfig,
         tokenizer: Tokenizer,
-        target: engine_pb2_grpc.TargetEngineStub,
+        target: TargetLink,
         info: EngineInfo,
         speculator: Speculator | None = None,
         first_step_id: int = 1,
@@ -73,9 +65,8 @@ class RouterEngine:
         self.target = target
         # A stream that ends while idle wakes the loop: a target gone or restarted is found then,
         # not at the next request, and the router's health follows it.
-        self._steps = CallStream(target.Steps, config.step_timeout_s, "target service", "step_id", self._wake_up)
+        target.on_stream_end(self._wake_up)
         self.info = info
-        self._target_instance = info.instance_id  # a restarted target is another (_check_target)
         self._draft_limits = (draft_max_num_sequence if speculator else None, speculator.max_draft_tokens if speculator else 0)
         self.limits = resolve_limits(config, info, *self._draft_limits)
         self._wrong_target = ""  # why the target, restarted, cannot be served (_adopt)
@@ -107,7 +98,7 @@ class RouterEngine:
         if self._task:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        self._steps.close()
+        await self.target.close()
         if self.speculator:
             self.speculator.close()
 
@@ -181,7 +172,7 @@ class RouterEngine:
 
     async def _iterate(self) -> None:
         """One step: schedule -> draft -> target -> postprocess (or wait for work)."""
-        if not self._steps.is_open:  # first step, or the stream ended: the target may be gone
+        if not self.target.stream_open:  # first step, or the stream ended: the target may be gone
             await self._reopen()
         if self._wrong_target:  # not even an empty step for the draft's removals
             for request in list(self._requests):
@@ -204,7 +195,7 @@ class RouterEngine:
         loop even while idle (_wake_up), so a target gone or restarted is found at once."""
         await asyncio.sleep(self._opened + RESET_RETRY_S - time.monotonic())  # a stream that ends at once
         await self._check_target()
-        self._steps.open()
+        self.target.open_stream()
         self._opened = time.monotonic()
 
     def _wake_up(self) -> None:
@@ -241,11 +232,8 @@ class RouterEngine:
     async def _step(self, plan: StepPlan, draft_step: int = 0, trace=NO_STEP):
         request = StepRequest(step_id=next(self._step_ids), ops=plan.ops, entries=plan.entries, draft_step_id=draft_step)
         started = time.perf_counter()
-        message = codec.step_request_to_pb(request)
         with trace.target_call(request) as metadata:
-            message.trace_context.update(metadata or ())
-            response = await self._steps.call(message)
-        result = codec.step_result_from_pb(response)
+            result = await self.target.step(request, metadata)
         seconds = time.perf_counter() - started
         self.counters.steps_total += 1
         self.counters.step_ms_total += seconds * 1e3
@@ -313,23 +301,10 @@ class RouterEngine:
         the router's view says it does (recycled ones in the prefix cache, above all), and counts
         its steps from 0: drop that view and start afresh before a step names any of them."""
         try:
-            info = await self.target.Info(engine_pb2.InfoRequest(), timeout=self.config.step_timeout_s)
-        except grpc.aio.AioRpcError as e:
-            self._lose_target(Unavailable(f"target service unavailable: {e.details()}"))
+            await self.target.check()
+        except Unavailable as e:
+            self._lose_target(e)
             await self._reset_target()
-            return
-        if info.instance_id != self._target_instance:
-            self._lose_target(Unavailable("target service restarted"))
-            await self._reset_target()
-
-    def _note_instance(self, info: EngineInfo) -> None:
-        if info.instance_id == self._target_instance:
-            return
-        log.warning("target service restarted (instance %s, was %s): the router's prefix cache was dropped",
-                    info.instance_id, self._target_instance)
-        self._target_instance = info.instance_id
-        self.counters.target_restarts += 1
-        self._adopt(info)
 
     def _adopt(self, info: EngineInfo) -> None:
         """A restarted target (holding nothing) may come back with other limits (its KV cache,
@@ -362,30 +337,27 @@ class RouterEngine:
 
     async def _reset_target(self) -> None:
         """Until the target has dropped every sequence, nothing new is scheduled: a target that
-        stays down fails the requests that wait (UNAVAILABLE) rather than leaking them. Its
-        instance and last step are taken afresh: the draft waits for hidden states by the
-        target's step ids."""
+        stays down fails the requests that wait (UNAVAILABLE) rather than leaking them."""
         while True:
             waiting = list(self._requests)  # one that comes during an attempt gets a whole one
             try:
-                # Reachable first: Info takes no lock and rides out the channel's reconnect
-                # backoff; the reset then waits for a step the target may still be running.
-                await self.target.Info(engine_pb2.InfoRequest(), wait_for_ready=True, timeout=RESET_WAIT_S)
-                stats = await self.target.Reset(engine_pb2.ResetRequest(), timeout=self.config.step_timeout_s)
-                info = await self.target.Info(engine_pb2.InfoRequest(), timeout=self.config.step_timeout_s)
-                self._last_step = stats.last_step_id
-                self._note_instance(codec.info_from_pb(info))
-                await self._set_serving(not self._wrong_target)
-                return
-            except grpc.aio.AioRpcError as e:
-                log.warning("target reset failed: %s; retrying", e.details())
+                reset = await self.target.reset()
+            except Unavailable as error:
+                log.warning("target reset failed: %s; retrying", error)
                 await self._set_serving(False)
-                error = Unavailable(f"target service unavailable: {e.details()}")
                 for request in waiting:
                     if request in self._requests:
                         self._fail(request, error)
                 self.scheduler.reset()
                 await asyncio.sleep(RESET_RETRY_S)
+                continue
+            self._last_step = reset.last_step_id
+            if reset.restarted:
+                log.warning("the router's prefix cache was dropped: the target restarted")
+                self.counters.target_restarts += 1
+                self._adopt(reset.info)
+            await self._set_serving(not self._wrong_target)
+            return
 
 
 def _depth(entry) -> int:

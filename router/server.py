@@ -4,44 +4,30 @@ import asyncio
 import logging
 import signal
 
-import grpc
-
 from router.config import RouterConfig
 from router.engine import RouterEngine
 from router.figures import snapshot
 from router.metrics import router_families
 from router.speculation import Speculator
+from router.target_link import TargetLink
 from router.servicer import SERVICE_NAME, GenerationServicer
 from router.tokenizer import Tokenizer
-from tandem import codec
 from tandem.channels import bind, bind_probe_port, make_server, open_channel, public_server_options, transport_checks
 from tandem.grpc_server import GRACE_SECONDS, add_health_and_reflection_aio, set_health_aio
 from tandem.security.api_keys import ApiKeys
 from tandem.metrics import serve_metrics
 from tandem.telemetry.tracing import Tracing, setup_tracing
-from tandem.v1 import engine_pb2, engine_pb2_grpc, generate_pb2_grpc
+from tandem.v1 import generate_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-
-async def connect_target(config: RouterConfig):
-    """Waits for the target (it may still be loading weights); returns (channel, stub, info)."""
-    channel = open_channel(config.target_address, config.tls, aio=True)
-    stub = engine_pb2_grpc.TargetEngineStub(channel)
-    try:
-        info = await stub.Info(engine_pb2.InfoRequest(), wait_for_ready=True, timeout=config.connect_timeout_s)
-    except grpc.aio.AioRpcError as e:
-        await channel.close()
-        raise RuntimeError(f"router: target at {config.target_address} not reachable: {e.details()}") from e
-    # A router that starts fresh owns no sequences: drop whatever a previous one left.
-    stats = await stub.Reset(engine_pb2.ResetRequest(), timeout=config.connect_timeout_s)
-    return channel, stub, codec.info_from_pb(info), stats.last_step_id
 
 
 async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     """Starts the router; returns (server, engine, health, channel, bound port, metrics server
     or None)."""
-    channel, stub, info, last_step = await connect_target(config)
+    target, reset = await TargetLink.connect(config.target_address, config.tls, config.connect_timeout_s,
+                                             config.step_timeout_s)
+    info = reset.info
     speculator = None
     if config.draft_address:
         draft_channel = open_channel(config.draft_address, config.tls, aio=True)
@@ -49,8 +35,8 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
                                 config.draft_probe_s)
         await speculator.connect(config.connect_timeout_s)
     draft_max = speculator.max_sequences if speculator and speculator.max_sequences else None
-    engine = RouterEngine(config, Tokenizer(config.model_dir), stub, info, speculator,
-                          first_step_id=last_step + 1, draft_max_num_sequence=draft_max, tracing=tracing)
+    engine = RouterEngine(config, Tokenizer(config.model_dir), target, info, speculator,
+                          first_step_id=reset.last_step_id + 1, draft_max_num_sequence=draft_max, tracing=tracing)
     engine.start()
     checks = transport_checks(config.public_tls)
     if config.api_key_file:
@@ -69,14 +55,14 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     await server.start()
     log.info("router: serving on %s:%d, target %s (%s)", config.host, port, config.target_address, info.model)
     metrics = serve_metrics(config.host, config.metrics_port, lambda: router_families(snapshot(engine)), "router")
-    return server, engine, health, channel, port, metrics
+    return server, engine, health, target.channel, port, metrics
 
 
 CANCEL_MARGIN_S = 1.0  # before the grace period ends: time to send the cancelled deltas
 
 
 async def _serve(config: RouterConfig, tracing: Tracing | None = None) -> None:
-    server, engine, health, channel, _, metrics = await start_router(config, tracing)
+    server, engine, health, _, _, metrics = await start_router(config, tracing)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -89,8 +75,7 @@ async def _serve(config: RouterConfig, tracing: Tracing | None = None) -> None:
     cancel = loop.call_later(max(GRACE_SECONDS - CANCEL_MARGIN_S, 0), engine.cancel_all)
     await server.stop(GRACE_SECONDS)
     cancel.cancel()
-    await engine.stop()
-    await channel.close()
+    await engine.stop()  # closes its channel to the target
     if metrics:
         metrics.stop()
 
