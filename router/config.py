@@ -31,6 +31,8 @@ class RouterConfig:
     max_connection_age_s: float = 1800.0
     max_connection_age_grace_s: float = 900.0
     min_ping_interval_s: float = 10.0
+    # SIGTERM: running requests get this long to finish (new ones are refused meanwhile).
+    shutdown_grace_s: float = 20.0
     # max_tokens when a request leaves it unset (clipped to the rest of the context and to what
     # the KV cache can hold with the prompt).
     default_max_tokens: int = 1024
@@ -64,7 +66,7 @@ class RouterConfig:
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("max_running_requests", "max_concurrent_rpcs", "max_connection_age_s",
-                     "max_connection_age_grace_s", "min_ping_interval_s"):
+                     "max_connection_age_grace_s", "min_ping_interval_s", "shutdown_grace_s"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.spec_disable_batch_size < 0:

@@ -132,6 +132,22 @@ class RouterEngine:
         self.scheduler.release(request)
         self._retire(request)
 
+    def begin_drain(self) -> None:
+        """The router is going away (SIGTERM): requests running or waiting go on, new ones are
+        refused UNAVAILABLE, so a client retries them on another replica."""
+        self._closing = True
+
+    @property
+    def live_requests(self) -> int:
+        return len(self._requests)
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Waits until no request is live, at most `timeout_s`; True if none is."""
+        deadline = time.monotonic() + timeout_s
+        while self._requests and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return not self._requests
+
     def cancel_all(self) -> None:
         """The router shuts down: every request still live ends now, each unfinished choice with
         a "cancelled" delta, and its stream with the usage so far (the client sees an answer,

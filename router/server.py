@@ -13,7 +13,7 @@ from router.target_link import TargetLink
 from router.servicer import SERVICE_NAME, GenerationServicer
 from router.tokenizer import Tokenizer
 from tandem.channels import bind, bind_probe_port, make_server, open_channel, public_server_options, transport_checks
-from tandem.grpc_server import GRACE_SECONDS, add_health_and_reflection_aio, set_health_aio
+from tandem.grpc_server import add_health_and_reflection_aio, set_health_aio
 from tandem.security.api_keys import ApiKeys
 from tandem.metrics import serve_metrics
 from tandem.telemetry.tracing import Tracing, setup_tracing
@@ -58,7 +58,7 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     return server, engine, health, target.channel, port, metrics
 
 
-CANCEL_MARGIN_S = 1.0  # before the grace period ends: time to send the cancelled deltas
+CANCEL_MARGIN_S = 1.0  # of the grace period: time to send the cancelled deltas and close
 
 
 async def _serve(config: RouterConfig, tracing: Tracing | None = None) -> None:
@@ -68,16 +68,24 @@ async def _serve(config: RouterConfig, tracing: Tracing | None = None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("router: shutting down")
-    await health.enter_graceful_shutdown()
-    # Requests get the grace period to finish; those still running then end as "cancelled",
-    # with their usage, just before the server drops what is left.
-    cancel = loop.call_later(max(GRACE_SECONDS - CANCEL_MARGIN_S, 0), engine.cancel_all)
-    await server.stop(GRACE_SECONDS)
-    cancel.cancel()
-    await engine.stop()  # closes its channel to the target
+    await drain(server, engine, health, config.shutdown_grace_s)
     if metrics:
         metrics.stop()
+
+
+async def drain(server, engine: RouterEngine, health, grace_s: float) -> None:
+    """Health NOT_SERVING first (load balancers and probes stop sending), new requests refused
+    UNAVAILABLE while the port stays open, running ones given the grace period to finish; those
+    still live then end as "cancelled", with their usage; then the server and the engine stop."""
+    log.info("router: draining (up to %.0f s for %d live requests)", grace_s, engine.live_requests)
+    await health.enter_graceful_shutdown()
+    engine.begin_drain()
+    if not await engine.drained(max(grace_s - CANCEL_MARGIN_S, 0)):
+        log.warning("router: the grace period ended with requests live; they end cancelled")
+    engine.cancel_all()
+    await server.stop(CANCEL_MARGIN_S)
+    await engine.stop()  # closes its channel to the target
+    log.info("router: stopped")
 
 
 def run_router(config: RouterConfig) -> None:

@@ -177,6 +177,9 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
                    help="calls of an aged connection get this long to finish")
     p.add_argument("--min-ping-interval-s", type=float, default=_env("min_ping_interval_s", 10.0),
                    help="public clients pinging more often are disconnected (keepalive enforcement)")
+    p.add_argument("--shutdown-grace-s", type=float, default=_env("shutdown_grace_s", 20.0),
+                   help="on SIGTERM: health NOT_SERVING, new requests UNAVAILABLE, running ones get this long to"
+                        " finish (then they end cancelled)")
     p.add_argument("--default-max-tokens", type=int, default=_env("default_max_tokens", 1024))
     p.add_argument("--max-total-sequence-length", type=int, default=_env("max_total_sequence_length", 0),
                    help="tokens over all live sequences (0: the KV cache's size)")
@@ -222,6 +225,7 @@ def router_config(args, model: Path):
         max_connection_age_s=args.max_connection_age_s,
         max_connection_age_grace_s=args.max_connection_age_grace_s,
         min_ping_interval_s=args.min_ping_interval_s,
+        shutdown_grace_s=args.shutdown_grace_s,
         default_max_tokens=args.default_max_tokens,
         draft_address=args.draft or None,
         spec_draft_length=args.spec_draft_length,
