@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
 BINARY = Path(compose.__file__).parent / "docker-compose"  # its pip wrapper always exits 0
-ONE_SHOT = {"models"}
+ONE_SHOT = {"models", "certs"}
 TANDEM_SERVICES = {"target", "draft", "router"}
 
 
@@ -66,6 +66,21 @@ def test_start_order_follows_health(config):
     assert set(services["draft"]["depends_on"]) >= {"target", "models"}
     assert set(services["router"]["depends_on"]) >= {"target", "draft", "models"}
     assert set(services["target"]["depends_on"]) >= {"models"}
+    for name in TANDEM_SERVICES:
+        assert "certs" in services[name]["depends_on"], name
+
+
+def test_the_services_talk_mutual_tls_with_their_own_identities(config):
+    """Each service presents its own certificate and trusts the CA (the target and the draft then
+    authorize callers by identity); the healthchecks read the same variables."""
+    services = config["services"]
+    assert "tandem certs create /certs" in " ".join(services["certs"]["command"])
+    for name in TANDEM_SERVICES:
+        env = services[name]["environment"]
+        assert env["TANDEM_TLS_CERT"] == f"/certs/{name}.pem" and env["TANDEM_TLS_KEY"] == f"/certs/{name}-key.pem"
+        assert env["TANDEM_TLS_CA"] == "/certs/ca.pem"
+        mounts = {v["source"]: v for v in services[name]["volumes"]}
+        assert mounts["certs"]["target"] == "/certs" and mounts["certs"].get("read_only")
 
 
 def test_configuration_reaches_what_the_services_read(config):
@@ -90,6 +105,6 @@ def test_compose_environment_names_are_flags_fallbacks(config):
     """Every TANDEM_* variable compose sets is one the CLI reads (a typo would be ignored)."""
     source = (ROOT / "tandem" / "cli.py").read_text() + (ROOT / "tandem" / "models" / "fetch.py").read_text()
     for name in TANDEM_SERVICES | ONE_SHOT:
-        for var in config["services"][name]["environment"]:
+        for var in config["services"][name].get("environment", {}):
             if var.startswith("TANDEM_") and var != "TANDEM_HOME":
                 assert f'_env("{var.removeprefix("TANDEM_").lower()}"' in source, var
