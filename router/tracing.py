@@ -28,6 +28,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from router.request import Request
 from router.scheduler import StepPlan
 from tandem.ops import EntryKind, StepRequest, StepResult
+from tandem.security.api_keys import bearer_key, key_id
 from tandem.telemetry.tracing import Tracing, context_from, ending, ids, links_to, metadata, step_phases
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,8 @@ class RouterTracing:
             return INVALID_SPAN
         parent = context_from(grpc_metadata or ())
         attributes = {"gen_ai.operation.name": operation, "gen_ai.request.model": self.model}
+        if (key := bearer_key(grpc_metadata)) is not None:  # who asked, never the key itself
+            attributes["tandem.api_key_id"] = key_id(key)
         return self.tracing.tracer.start_span("generate", context=parent, kind=SpanKind.SERVER, attributes=attributes)
 
     def added(self, request: Request, span: Span) -> None:

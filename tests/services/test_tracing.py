@@ -120,3 +120,15 @@ def test_a_failed_request_ends_its_span_with_an_error_event(traced):
     assert not span.status.is_ok
     # the services still serve
     assert list(services.stub.Generate(_request("after", 4), timeout=60))
+
+
+def test_a_request_span_names_its_api_key_by_hash_never_the_key(traced):
+    from tandem.security.api_keys import key_id
+
+    services, exporters = traced
+    key = "sk-tracing-secret"
+    list(services.stub.Generate(_request("keyed", 2), timeout=60, metadata=(("authorization", f"Bearer {key}"),)))
+    span = _generate_span(exporters["router"], "keyed")
+    assert span.attributes["tandem.api_key_id"] == key_id(key)
+    spans = [s for e in exporters.values() for s in e.get_finished_spans()]
+    assert not any(key in str(v) for s in spans for v in (*s.attributes.values(), *(a for e in s.events for a in e.attributes.values())))
