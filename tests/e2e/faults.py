@@ -25,6 +25,7 @@ from tandem.bench.services import free_port
 from tandem.client import health
 from tandem.grpc_server import CHANNEL_OPTIONS
 from tandem.v1 import engine_pb2, engine_pb2_grpc, generate_pb2 as pb, generate_pb2_grpc
+from tests import reliability
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ("The quick brown fox", "Once upon a time, there was", "What is the capital of France?", "def fibonacci(n):")
@@ -138,6 +139,7 @@ def stream(stub, prompt: str, params: pb.SamplingParams, first: threading.Event 
                 first.set()
     except grpc.RpcError as e:
         return Outcome(tokens, finish, e.code().name, time.monotonic(), draft_tokens)
+    reliability.served()  # in this process's summary (not the netns client's: its test counts those)
     return Outcome(tokens, finish, "OK", time.monotonic(), draft_tokens)
 
 

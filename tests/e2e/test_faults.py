@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tandem.models.eagle_io import random_eagle_checkpoint
+from tests import reliability
 from tests.e2e.faults import PROMPTS, Load, Up, greedy, serving, stream, wait_for
 
 MAX_TOKENS = 400  # the streams outlast the fault (4 streams of 400 tokens: several seconds here)
@@ -61,6 +62,7 @@ def test_the_draft_killed_mid_load_is_restarted_and_no_request_notices(up):
     wait_for(lambda: speculating_again(up), 60, "speculation to come back", step_s=0.5)
     assert serving(up.address("target")) and serving(up.address("router"))
     assert "router: shutting down" not in up.output()  # the others served on
+    reliability.faults()
 
 
 def test_the_target_killed_mid_load_fails_its_requests_at_once_and_serves_again_after_its_restart(up):
@@ -80,6 +82,7 @@ def test_the_target_killed_mid_load_fails_its_requests_at_once_and_serves_again_
     wait_for(lambda: serving(up.address("router")), 60, "the router to serve again")
     assert [stream(up.stub, p, greedy(MAX_TOKENS)).tokens for p in PROMPTS] == reference
     wait_for(lambda: speculating_again(up), 60, "speculation to come back", step_s=0.5)
+    reliability.faults()
 
 
 def test_the_router_killed_mid_load_leaves_no_sequence_behind(up):
@@ -91,10 +94,11 @@ def test_the_router_killed_mid_load_leaves_no_sequence_behind(up):
     assert all(o.code == "UNAVAILABLE" for o in load.outcomes())
     up.wait_line(f"tandem up: router (pid {killed}) was killed by SIGKILL; restarting it in")
     for name in ("target", "draft"):
-        wait_for(lambda: _idle(up.engine_stats(name)), 30, f"the {name} to drop the router's sequences")
+        wait_idle(up, name)
     up.wait_line("tandem up: router restarted")
     wait_for(lambda: serving(up.address("router")), 60, "the restarted router to serve")
     assert [stream(up.stub, p, greedy(MAX_TOKENS)).tokens for p in PROMPTS] == reference
+    reliability.faults()
 
 
 def test_a_stalled_draft_turns_speculation_off_until_it_resumes(up):
@@ -112,6 +116,16 @@ def test_a_stalled_draft_turns_speculation_off_until_it_resumes(up):
     assert [o.tokens for o in outcomes] == reference
     wait_for(lambda: speculating_again(up), 60, "speculation to come back", step_s=0.5)
     assert "restarted" not in up.output()  # stalled, not dead: nothing was restarted
+    reliability.faults()
+
+
+def wait_idle(up: Up, name: str) -> None:
+    """The service holds no sequence and every page is free, or a leak is recorded."""
+    try:
+        wait_for(lambda: _idle(up.engine_stats(name)), 30, f"the {name} to drop the router's sequences")
+    except AssertionError:
+        reliability.leaks()
+        raise
 
 
 def _idle(stats) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tandem.models.eagle_io import random_eagle_checkpoint
+from tests import reliability
 from tests.e2e.faults import PROMPTS, ROOT, wait_for
 
 pytestmark = pytest.mark.netns
@@ -168,3 +169,5 @@ def test_a_cut_link_between_target_and_draft_costs_speculation_not_requests(serv
     again = Load(link, max_tokens=32).outcomes()
     assert [o["tokens"] for o in again] == [o["tokens"][:32] for o in reference]
     assert any(o["draft_tokens"] > 0 for o in again), "no new request was drafted for"
+    reliability.served(len(reference) + len(outcomes) + len(again))
+    reliability.faults()
