@@ -31,6 +31,7 @@ from tandem.kv.cache import PagedKVCache
 from tandem.models.cuda_graphs import GraphedForward
 from tandem.ops import AddSequence, DraftRequest, DraftResult, EngineStats, ForkSequence, PopTokens, RemoveSequence
 from tandem.peer import DraftProbs, HiddenPairs
+from tandem.router_streams import RouterStreams
 from tandem.sampling.sampler import draw, probabilities, process_logits, wire_proposal
 from tandem.sampling.state import SamplingState
 from tandem.telemetry.tracing import Tracing, ending, span_continuing
@@ -67,6 +68,7 @@ class DraftEngine:
         self._seqs: dict[int, _Seq] = {}
         self._reserved = 0  # pages promised to sequences earlier in this Draft call
         self._lock = threading.Lock()
+        self.router_streams = RouterStreams(self._lock, self._drop_sequences, "draft")  # a Drafts stream read through it drops them at its end
         self._steps = 0
         self._tokens_run = 0
         self.figures = EngineFigures()  # for /metrics and Stats
@@ -80,10 +82,13 @@ class DraftEngine:
 
     def reset(self) -> EngineStats:
         with self._lock:
-            self.allocator.clear()
-            self._seqs.clear()
-            self.peer.clear()
+            self._drop_sequences()
         return self.stats()
+
+    def _drop_sequences(self) -> None:
+        self.allocator.clear()
+        self._seqs.clear()
+        self.peer.clear()
 
     def draft(self, request: DraftRequest, span: Span = INVALID_SPAN) -> DraftResult:
         """`span`: the Draft call's span (events; the prefill on hidden states links to it)."""

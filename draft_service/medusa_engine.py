@@ -27,6 +27,7 @@ from tandem.errors import FailedPrecondition, InvalidArgument, NotFound
 from tandem.figures import EngineFigures
 from tandem.models.medusa import MedusaHeads, read_head_choices
 from tandem.ops import AddSequence, DraftRequest, DraftResult, DraftSeq, EngineStats, ForkSequence, PopTokens, RemoveSequence
+from tandem.router_streams import RouterStreams
 from tandem.sampling.sampler import process_logits
 from tandem.sampling.state import SamplingState
 from tandem.spec import token_tree
@@ -55,6 +56,7 @@ class MedusaDraftEngine:
         self._pruned: dict[int, tuple[Choice, ...]] = {}  # depth -> choices no deeper
         self._seqs: dict[int, _Seq] = {}
         self._lock = threading.Lock()
+        self.router_streams = RouterStreams(self._lock, self._drop_sequences, "draft")  # a Drafts stream read through it drops them at its end
         self._steps = 0
         self._tokens_run = 0
         self.figures = EngineFigures()  # for /metrics and Stats
@@ -73,9 +75,12 @@ class MedusaDraftEngine:
 
     def reset(self) -> EngineStats:
         with self._lock:
-            self._seqs.clear()
-            self.peer.clear()
+            self._drop_sequences()
         return self.stats()
+
+    def _drop_sequences(self) -> None:
+        self._seqs.clear()
+        self.peer.clear()
 
     def draft(self, request: DraftRequest, span: Span = INVALID_SPAN) -> DraftResult:
         with self._lock:

@@ -36,6 +36,7 @@ from tandem.ops import (
     StepRequest,
     StepResult,
 )
+from tandem.router_streams import RouterStreams
 from tandem.sampling.params import SamplingParams
 from tandem.sampling.sampler import received_proposal, sample
 from tandem.peer import HiddenPairs, HiddenStep, TargetPeer
@@ -82,6 +83,7 @@ class TargetEngine:
         self._kept_nodes: dict[int, tuple[int, ...]] = {}  # this step's accepted path of a verify
         self._tokens: dict[int, list[int]] = {}  # every token in each sequence's KV, in order
         self._lock = threading.Lock()
+        self.router_streams = RouterStreams(self._lock, self._drop_sequences, "target")  # a Steps stream read through it drops them at its end
         self.last_step_id = 0
         self._steps = 0
         self._tokens_run = 0
@@ -133,12 +135,15 @@ class TargetEngine:
 
     def reset(self) -> EngineStats:
         with self._lock:
-            self.allocator.clear()
-            self._samplers.clear()
-            self._tokens.clear()
-            self._carry.clear()
-            self.peer.clear_probs()  # a fresh router numbers its draft steps from 1 again
+            self._drop_sequences()
         return self.stats()
+
+    def _drop_sequences(self) -> None:
+        self.allocator.clear()
+        self._samplers.clear()
+        self._tokens.clear()
+        self._carry.clear()
+        self.peer.clear_probs()  # a fresh router numbers its draft steps from 1 again
 
     def step(self, request: StepRequest, span: Span = INVALID_SPAN) -> StepResult:
         """`span`: the step's span (events are added to it; the draft's work on this step's
