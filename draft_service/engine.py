@@ -68,7 +68,8 @@ class DraftEngine:
         self._seqs: dict[int, _Seq] = {}
         self._reserved = 0  # pages promised to sequences earlier in this Draft call
         self._lock = threading.Lock()
-        self.router_streams = RouterStreams(self._lock, self._drop_sequences, "draft")  # a Drafts stream read through it drops them at its end
+        # A router's Drafts stream read through it drops every sequence at its end.
+        self.router_streams = RouterStreams(self._lock, self._drop_sequences, "draft")
         self._steps = 0
         self._tokens_run = 0
         self.figures = EngineFigures()  # for /metrics and Stats

@@ -56,7 +56,8 @@ class MedusaDraftEngine:
         self._pruned: dict[int, tuple[Choice, ...]] = {}  # depth -> choices no deeper
         self._seqs: dict[int, _Seq] = {}
         self._lock = threading.Lock()
-        self.router_streams = RouterStreams(self._lock, self._drop_sequences, "draft")  # a Drafts stream read through it drops them at its end
+        # A router's Drafts stream read through it drops every sequence at its end.
+        self.router_streams = RouterStreams(self._lock, self._drop_sequences, "draft")
         self._steps = 0
         self._tokens_run = 0
         self.figures = EngineFigures()  # for /metrics and Stats

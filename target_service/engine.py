@@ -83,7 +83,8 @@ class TargetEngine:
         self._kept_nodes: dict[int, tuple[int, ...]] = {}  # this step's accepted path of a verify
         self._tokens: dict[int, list[int]] = {}  # every token in each sequence's KV, in order
         self._lock = threading.Lock()
-        self.router_streams = RouterStreams(self._lock, self._drop_sequences, "target")  # a Steps stream read through it drops them at its end
+        # A router's Steps stream read through it drops every sequence at its end.
+        self.router_streams = RouterStreams(self._lock, self._drop_sequences, "target")
         self.last_step_id = 0
         self._steps = 0
         self._tokens_run = 0
