@@ -33,6 +33,14 @@ def leaks(n: int = 1) -> None:
     _COUNTS["leaks"] += n
 
 
+def served_by(router_stub) -> None:
+    """Records the requests a router finished (stop or length); call it as the router stops."""
+    from tandem.v1 import generate_pb2
+
+    finished = router_stub.Stats(generate_pb2.StatsRequest(), timeout=10).finished_by_reason
+    served(finished.get("stop", 0) + finished.get("length", 0))
+
+
 def counts() -> dict[str, int]:
     return {key: _COUNTS[key] for key, _ in _NAMES}
 

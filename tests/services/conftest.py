@@ -1,7 +1,6 @@
 import pytest
 
 from tandem.testing.tiny import build_tiny_model
-from tandem.v1 import generate_pb2
 from tests import reliability
 from tests.services.harness import start_services
 
@@ -15,14 +14,8 @@ def tiny_model(tmp_path_factory):
 def services(tiny_model):
     s = start_services(tiny_model)
     yield s
-    record_served(s)
+    reliability.served_by(s.stub)
     s.stop()
-
-
-def record_served(services) -> None:
-    """Requests the router finished (stop or length) go into the reliability summary."""
-    finished = services.stub.Stats(generate_pb2.StatsRequest(), timeout=10).finished_by_reason
-    reliability.served(finished.get("stop", 0) + finished.get("length", 0))
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from tandem.testing.tiny import TINY_PROMPTS
 from tandem.v1 import engine_pb2 as epb
 from tandem.v1 import engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
+from tests import reliability
 from tests.services.harness import generate, peer_stream
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -44,6 +45,7 @@ CASES = [
 def test_bad_request_gets_clear_status(services, name, fields, code, needle):
     with pytest.raises(grpc.RpcError) as info:
         generate(services.stub, timeout=30, **fields)
+    reliability.bad_inputs()
     assert info.value.code() == code, info.value.details()
     assert needle in info.value.details()
     # the service still answers
@@ -90,6 +92,7 @@ def test_target_rejects_bad_steps_and_keeps_state(services):
         with pytest.raises(grpc.RpcError) as info:
             target.Step(no_op, timeout=10)
         assert info.value.code() == INVALID
+        reliability.bad_inputs(3)
     assert generate(services.stub, prompt="hi", params=P(max_tokens=2, ignore_eos=True))[0]
 
 
@@ -114,6 +117,7 @@ def test_malformed_draft_probabilities_are_dropped_and_the_peer_stream_stays_up(
         with peer_stream(port, [bad, other_vocab, codec.draft_probs_to_pb(DraftProbs(7, {1: rows}))]):
             assert engine.peer.take_probs(5, timeout=10) == {} and engine.peer.take_probs(6, timeout=10) == {}
             assert torch.equal(engine.peer.take_probs(7, timeout=10)[1], rows)
+        reliability.bad_inputs(2)
     finally:
         server.stop(0)
 

@@ -44,6 +44,7 @@ def trio(tiny_model, tmp_path_factory):
                        router={"spec_draft_length": 3, "prefix_cache_max_num_recycling_seqs": 0})
     s.reference = [generate(s.stub, prompt=p, params=GREEDY)[0] for p in TINY_PROMPTS[:2]]
     yield s
+    reliability.served_by(s.stub)
     s.stop()
 
 
