@@ -85,6 +85,8 @@ CASES = [
     ("a million logit_bias entries", GENERATE, lambda: req(prompt="hi", params=P(logit_bias=dict.fromkeys(range(10**6), 1.0))),
      INVALID, "params.logit_bias has 1000000 entries: at most 1024 (max_logit_bias)"),
     ("a 60 MiB prompt", GENERATE, lambda: req(prompt="a" * (60 * MIB)), INVALID, "prompt has 62914560 bytes: at most"),
+    ("a message past the port's 64 MiB", GENERATE, lambda: req(prompt="a" * (65 * MIB)), grpc.StatusCode.RESOURCE_EXHAUSTED,
+     "larger than max"),
     ("a 60 MiB prompt to Tokenize", TOKENIZE, lambda: pb.TokenizeRequest(prompt="é" * (30 * MIB)).SerializeToString(),
      INVALID, "(max_prompt_bytes)"),
     ("messages past the byte cap", GENERATE,

@@ -99,6 +99,15 @@ def test_random_bytes_to_every_method_of_every_service(trio):
     assert_alive_and_unpoisoned(trio)
 
 
+def test_health_watch_on_every_service(trio):
+    """grpc's aio Health.Watch streams with context.write: the router's interceptor awaits it."""
+    for name, (port, _) in ports(trio).items():
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING, name
+            watch.cancel()
+
+
 # The first message of each stream decodes, the second does not: the call ends INVALID_ARGUMENT.
 STREAMS = [
     ("target", TARGET.methods_by_name["Steps"], epb.StepRequest(step_id=0)),
