@@ -160,15 +160,19 @@ def _wrap_aio(behavior: Callable, request_streaming: bool, response_streaming: b
 
     async def stream(request, context):
         try:
-            async for item in behavior(_argument(request, request_streaming, _aio_requests), context):
+            responses = behavior(_argument(request, request_streaming, _aio_requests), context)
+            if inspect.isawaitable(responses):  # a coroutine that streams with context.write (grpc's aio Health.Watch)
+                await responses
+                return
+            async for item in responses:
                 yield item
         except TandemError as e:
             context.set_trailing_metadata(pushback(e))
             await context.abort(status_of(e), str(e))
 
-    # A coroutine that streams its responses with context.write (grpc's aio Health.Watch) is
-    # awaited like a unary behavior; an async generator is iterated.
-    return stream if response_streaming and not inspect.iscoroutinefunction(behavior) else unary
+    # Always an async generator for a stream: an interceptor outside this one (tandem.security's
+    # guard) iterates what it wraps.
+    return stream if response_streaming else unary
 
 
 _HANDLERS = {  # (request streaming, response streaming): the behavior's attribute, its factory

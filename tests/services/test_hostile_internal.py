@@ -29,6 +29,7 @@ HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
 REFLECTION = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
 TARGET = epb.DESCRIPTOR.services_by_name["TargetEngine"]
 DRAFT = epb.DESCRIPTOR.services_by_name["DraftEngine"]
+GENERATION = pb.DESCRIPTOR.services_by_name["Generation"]
 GREEDY = pb.SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
 
 
@@ -49,7 +50,7 @@ def trio(tiny_model, tmp_path_factory):
 
 
 def ports(s) -> dict[str, tuple[int, list]]:
-    return {"router": (s.router_port, [pb.DESCRIPTOR.services_by_name["Generation"], HEALTH, REFLECTION]),
+    return {"router": (s.router_port, [GENERATION, HEALTH, REFLECTION]),
             "target": (s.target_port, [TARGET, HEALTH, REFLECTION]),
             "draft": (s.draft_port, [DRAFT, HEALTH, REFLECTION])}
 
@@ -106,6 +107,22 @@ def test_health_watch_on_every_service(trio):
             watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=10)
             assert next(watch).status == health_pb2.HealthCheckResponse.SERVING, name
             watch.cancel()
+
+
+def test_health_watch_behind_the_api_key_guard(tiny_model, tmp_path):
+    """The guard interceptor iterates the stream it wraps: the one inside it must be one."""
+    (tmp_path / "keys").write_text("key-1\n")
+    s = start_services(tiny_model, router={"api_key_file": tmp_path / "keys"})
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{s.router_port}") as ch:
+            watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=10)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            watch.cancel()
+            status, details = call_raw(ch, GENERATION.methods_by_name["Generate"], [b"\xff"])
+        reliability.bad_inputs()
+        assert status == grpc.StatusCode.UNAUTHENTICATED, details  # no parse errors for a caller without a key
+    finally:
+        s.stop()
 
 
 # The first message of each stream decodes, the second does not: the call ends INVALID_ARGUMENT.
