@@ -36,8 +36,8 @@ class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
 
     def Drafts(self, request_iterator, context):
         """The router's calls on one stream: a failed one answers with its error, and the
-        stream goes on."""
-        return answer_each(request_iterator, lambda m: self._draft(m, m.trace_context.items()),
+        stream goes on. Its end drops the router's sequences (tandem.router_streams)."""
+        return answer_each(self.engine.router_streams.follow(request_iterator), lambda m: self._draft(m, m.trace_context.items()),
                            lambda m, error: engine_pb2.DraftResponse(draft_step_id=m.draft_step_id, error=error))
 
     def _draft(self, message, trace_headers) -> engine_pb2.DraftResponse:

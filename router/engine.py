@@ -89,6 +89,7 @@ class RouterEngine:
         self._step_ids = itertools.count(first_step_id)
         self._wake = asyncio.Event()
         self._opened = -RESET_RETRY_S  # when _reopen last opened the step stream (time.monotonic())
+        self._stream_ended = False  # a step stream was opened (and reopening means it ended)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -208,11 +209,17 @@ class RouterEngine:
 
     async def _reopen(self) -> None:
         """Checks the target, then opens the step stream before any step: its end wakes the
-        loop even while idle (_wake_up), so a target gone or restarted is found at once."""
+        loop even while idle (_wake_up), so a target gone or restarted is found at once. A
+        stream that ended took the router's sequences with it (the target drops them, as it
+        would for a router that died): the target is reset and the router's view with it."""
         await asyncio.sleep(self._opened + RESET_RETRY_S - time.monotonic())  # a stream that ends at once
-        await self._check_target()
+        if self._stream_ended:
+            self._lose_target(Unavailable("the step stream to the target ended"))
+            await self._reset_target()
+        else:
+            await self._check_target()
         self.target.open_stream()
-        self._opened = time.monotonic()
+        self._opened, self._stream_ended = time.monotonic(), True  # the next reopen follows its end
 
     def _wake_up(self) -> None:
         if self._task:  # a gRPC callback: safe from any thread

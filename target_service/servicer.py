@@ -33,8 +33,9 @@ class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
 
     def Steps(self, request_iterator, context):
         """The router's steps on one stream: a failed step answers with its error, and the
-        stream goes on as a caller of Step would."""
-        return answer_each(request_iterator, lambda m: self._step(m, m.trace_context.items()),
+        stream goes on as a caller of Step would. Its end drops the router's sequences
+        (tandem.router_streams): a router that died leaves no KV pages behind."""
+        return answer_each(self.engine.router_streams.follow(request_iterator), lambda m: self._step(m, m.trace_context.items()),
                            lambda m, error: engine_pb2.StepResponse(step_id=m.step_id, error=error))
 
     def _step(self, request, trace_headers) -> engine_pb2.StepResponse:
