@@ -135,9 +135,6 @@ def _add_public_security_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--public-tls-key", default=_env("public_tls_key", None), help="its key (default: --tls-key)")
     p.add_argument("--public-tls-client-ca", default=_env("public_tls_client_ca", None),
                    help="require public clients' certificates signed by this PEM bundle")
-    p.add_argument("--api-key-file", default=_env("api_key_file", None),
-                   help="the public API requires 'authorization: Bearer <key>' with a key of this file (one a line;"
-                        " re-read when it changes)")
 
 
 def tls_config(args):
@@ -162,6 +159,26 @@ def identities(args):
     return Identities(router=args.router_identity, draft=args.draft_identity)
 
 
+def _add_request_limit_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per size cap of a public request (router.limits.RequestLimits documents each)."""
+    from dataclasses import fields
+
+    from router.limits import RequestLimits
+
+    for f in fields(RequestLimits):
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=_env(f.name, f.default),
+                       help=f"a request's {f.name.removeprefix('max_').replace('_', ' ')} at most"
+                            " (INVALID_ARGUMENT naming the limit past it)")
+
+
+def request_limits(args):
+    from dataclasses import fields
+
+    from router.limits import RequestLimits
+
+    return RequestLimits(**{f.name: getattr(args, f.name) for f in fields(RequestLimits)})
+
+
 def _add_router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk-size", type=int, default=_env("prefill_chunk_size", 512))
     p.add_argument("--max-waiting", type=int, default=_env("max_waiting", 1024),
@@ -177,15 +194,26 @@ def _add_router_flags(p: argparse.ArgumentParser) -> None:
                    help="calls of an aged connection get this long to finish")
     p.add_argument("--min-ping-interval-s", type=float, default=_env("min_ping_interval_s", 10.0),
                    help="public clients pinging more often are disconnected (keepalive enforcement)")
+    p.add_argument("--api-key-file", default=_env("api_key_file", None),
+                   help="the public API requires 'authorization: Bearer <key>' with a key of this file (one a line;"
+                        " re-read when it changes)")
     p.add_argument("--shutdown-grace-s", type=float, default=_env("shutdown_grace_s", 20.0),
                    help="on SIGTERM: health NOT_SERVING, new requests UNAVAILABLE, running ones get this long to"
                         " finish (then they end cancelled)")
     p.add_argument("--default-max-tokens", type=int, default=_env("default_max_tokens", 1024))
     p.add_argument("--max-total-sequence-length", type=int, default=_env("max_total_sequence_length", 0),
                    help="tokens over all live sequences (0: the KV cache's size)")
+    _add_request_limit_flags(p)
     p.add_argument("--prefix-cache-max-num-recycling-seqs", type=int,
                    default=_env("prefix_cache_max_num_recycling_seqs", -1),
                    help="finished sequences the prefix cache keeps (-1: as slots allow, 0: off)")
+
+
+def router_flag_options() -> list[tuple[str, str]]:
+    """(--flag, dest) of every flag _add_router_flags defines: `tandem up` passes each through."""
+    p = argparse.ArgumentParser(add_help=False)
+    _add_router_flags(p)
+    return [(action.option_strings[0], action.dest) for action in p._actions]
 
 
 def target_config(args, model: Path):
@@ -226,6 +254,7 @@ def router_config(args, model: Path):
         max_connection_age_grace_s=args.max_connection_age_grace_s,
         min_ping_interval_s=args.min_ping_interval_s,
         shutdown_grace_s=args.shutdown_grace_s,
+        request_limits=request_limits(args),
         default_max_tokens=args.default_max_tokens,
         draft_address=args.draft or None,
         spec_draft_length=args.spec_draft_length,
@@ -438,6 +467,9 @@ def _up_parser(sub) -> None:
     for name, default in (("router", 9400), ("target", 9401), ("draft", 9402)):
         p.add_argument(f"--{name}-metrics-port", type=int, default=_env(f"{name}_metrics_port", default),
                        help=f"the {name}'s Prometheus /metrics port (0: off)")
+    p.add_argument("--tls-dir", default=_env("tls_dir", None),
+                   help="mutual TLS between the services and TLS on the public port, with DIR/ca.pem and"
+                        " DIR/{router,target,draft}.pem (created by `tandem certs create` if DIR has no CA)")
     p.set_defaults(func=cmd_up)
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tandem.client import health
 from tandem.models.heads import default_draft, default_shape, device_shape_flags, shipped_head
+from tandem.security.tls import PLAINTEXT, TlsConfig
 
 READY_TIMEOUT_S = 300.0
 
@@ -20,12 +21,13 @@ def _spawn(args: list[str], log_level: str, log_format: str = "text") -> subproc
     return subprocess.Popen([sys.executable, "-m", "tandem.cli", "--log-level", log_level, "--log-format", log_format, *args])
 
 
-def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = READY_TIMEOUT_S) -> None:
+def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = READY_TIMEOUT_S,
+                 tls: TlsConfig = PLAINTEXT) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(p.poll() is not None for p in procs):
             raise RuntimeError(f"a service exited before {address} was ready")
-        if health(address, timeout=1.0, quiet=True) == 0:
+        if health(address, timeout=1.0, quiet=True, tls=tls) == 0:
             return
         time.sleep(0.5)
     raise RuntimeError(f"{address} not SERVING after {timeout:.0f} s")
@@ -48,8 +50,36 @@ def resolve_up_draft(args) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), **chosen})
 
 
+def identity_flags(tls_dir: Path | None, name: str) -> list[str]:
+    """`name`'s certificate and key and the CA of a `tandem certs create` folder (none: plaintext)."""
+    if tls_dir is None:
+        return []
+    return ["--tls-cert", str(tls_dir / f"{name}.pem"), "--tls-key", str(tls_dir / f"{name}-key.pem"),
+            "--tls-ca", str(tls_dir / "ca.pem")]
+
+
+def client_tls(tls_dir: Path | None) -> TlsConfig:
+    """How `tandem up` checks its services' health: as the development client."""
+    if tls_dir is None:
+        return PLAINTEXT
+    return TlsConfig(tls_dir / "client.pem", tls_dir / "client-key.pem", tls_dir / "ca.pem")
+
+
+def router_flags(args) -> list[str]:
+    """Every flag the router's command shares with `tandem up` (cli._add_router_flags), as given."""
+    from tandem.cli import router_flag_options
+
+    out = []
+    for option, dest in router_flag_options():
+        value = getattr(args, dest)
+        if value is not None:
+            out += [option, str(value)]
+    return out
+
+
 def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | None]:
     common = ["--model", str(model), "--dtype", args.dtype]
+    tls_dir = Path(args.tls_dir) if getattr(args, "tls_dir", None) else None
     target = [
         "target", *common,
         "--host", args.host, "--port", str(args.target_port),
@@ -60,19 +90,17 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
         "--max-context-length", str(args.max_context_length),
         "--threads", str(args.threads),
         "--metrics-port", str(args.target_metrics_port),
+        *identity_flags(tls_dir, "target"),
     ]
     router = [
         "router", *common,
         "--host", args.host, "--port", str(args.router_port),
         "--target", f"{args.host}:{args.target_port}",
-        "--prefill-chunk-size", str(args.prefill_chunk_size),
-        "--max-waiting", str(args.max_waiting),
-        "--default-max-tokens", str(args.default_max_tokens),
-        "--max-total-sequence-length", str(args.max_total_sequence_length),
-        "--prefix-cache-max-num-recycling-seqs", str(args.prefix_cache_max_num_recycling_seqs),
+        *router_flags(args),
         "--spec-draft-length", str(args.spec_draft_length),
         "--spec-disable-batch-size", str(args.spec_disable_batch_size),
         "--metrics-port", str(args.router_metrics_port),
+        *identity_flags(tls_dir, "router"),
     ]
     draft = None
     if args.draft != "none":
@@ -88,6 +116,7 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
             "--proposal-top-k", str(args.proposal_top_k), "--medusa-choices", args.medusa_choices,
             "--draft-lm-head-quant", args.draft_lm_head_quant, "--draft-head-quant", args.draft_head_quant,
             "--metrics-port", str(args.draft_metrics_port),
+            *identity_flags(tls_dir, "draft"),
         ]
         if args.shape:
             draft += ["--shape", args.shape]
@@ -169,7 +198,19 @@ def _exit_text(code: int) -> str:
     return f"exited with code {code}"
 
 
+def ensure_certs(tls_dir: Path) -> None:
+    """A --tls-dir without a CA gets development certificates (tandem certs create)."""
+    from tandem.security.certs import create_dir
+
+    if not (tls_dir / "ca.pem").exists():
+        create_dir(tls_dir)
+        print(f"tandem up: development certificates created in {tls_dir} (tandem certs create)", flush=True)
+
+
 def run_up(args, model: Path, backoff: Backoff = Backoff()) -> int:
+    tls_dir = Path(args.tls_dir) if args.tls_dir else None
+    if tls_dir is not None:
+        ensure_certs(tls_dir)
     target_args, router_args, draft_args = service_args(args, model)
     plan = [("target", target_args, args.target_port), ("draft", draft_args, args.draft_port),
             ("router", router_args, args.router_port)]
@@ -189,21 +230,25 @@ def run_up(args, model: Path, backoff: Backoff = Backoff()) -> int:
             spawn = lambda service=service: _spawn(service, args.log_level, args.log_format)  # noqa: E731
             services.append(Supervised(name, spawn, backoff, lambda line: print(line, flush=True)))
             print(f"tandem up: {name} started (pid {services[-1].start().pid})", flush=True)
-            wait_healthy(f"{args.host}:{port}", [s.proc for s in services])
+            wait_healthy(f"{args.host}:{port}", [s.proc for s in services], tls=client_tls(tls_dir))
         drafting = f"{args.draft} {args.draft_model}, {args.shape or 'its default shape'}, k = {args.spec_draft_length}" \
             if draft_args else "none"
-        print(f"tandem up: router on {args.host}:{args.router_port} (draft: {drafting})", flush=True)
+        security = f"; mutual TLS, CA {tls_dir / 'ca.pem'}" if tls_dir else ""
+        print(f"tandem up: router on {args.host}:{args.router_port} (draft: {drafting}{security})", flush=True)
         while not stopping:
             for service in services:
                 service.check()
             time.sleep(0.2)
     finally:
-        _terminate(services)
+        _terminate(services, args.shutdown_grace_s)
     return 0
 
 
-def _terminate(services: list[Supervised]) -> None:
-    for service in reversed(services):  # the router first, so it stops sending steps
+STOP_MARGIN_S = 10.0  # beyond the router's grace: the services' own shutdown
+
+
+def _terminate(services: list[Supervised], grace_s: float) -> None:
+    for service in reversed(services):  # the router first: it drains, then stops sending steps
         service.terminate()
     for service in reversed(services):
-        service.wait(timeout=15)
+        service.wait(timeout=grace_s + STOP_MARGIN_S)

@@ -61,6 +61,43 @@ def test_up_generate_health_and_sigterm(tiny_model):
         scrape_value(router_metrics, "tandem_router_requests_total")
 
 
+def test_up_with_tls_dir_and_api_keys(tiny_model, tmp_path):
+    """`tandem up --tls-dir` (certificates created on first use) with an API key file: mutual TLS
+    between the services, TLS and keys on the public port; `tandem generate` and `tandem health`
+    with --tls-dir; a plaintext client gets no answer, a keyless one UNAUTHENTICATED."""
+    from tandem.security.tls import TlsConfig
+
+    certs, keys = tmp_path / "certs", tmp_path / "keys"
+    keys.write_text("sk-e2e\n")
+    router, target = free_port(), free_port()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "tandem.cli", "up", "--model", str(tiny_model), "--draft", "none",
+         "--router-port", str(router), "--target-port", str(target), "--router-metrics-port", "0",
+         "--target-metrics-port", "0", "--tls-dir", str(certs), "--api-key-file", str(keys)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    address = f"127.0.0.1:{router}"
+    try:
+        deadline = time.monotonic() + 120
+        while not (certs / "client-key.pem").exists() or health(address, timeout=1.0, quiet=True, tls=TlsConfig(
+                certs / "client.pem", certs / "client-key.pem", certs / "ca.pem")) != 0:
+            assert up.poll() is None and time.monotonic() < deadline, up.stdout.read()
+            time.sleep(0.3)
+        assert tandem_cli("health", f"127.0.0.1:{target}", "--tls-dir", str(certs)).returncode == 0
+        assert health(f"127.0.0.1:{target}", timeout=2.0, quiet=True) == 1  # plaintext: no handshake
+        out = tandem_cli("generate", "The quick brown fox", "--raw", "--max-tokens", "6", "--address", address,
+                         "--tls-dir", str(certs), "--api-key", "sk-e2e")
+        assert out.returncode == 0, out.stderr
+        assert "completion 6 tokens" in out.stderr
+        keyless = tandem_cli("generate", "Hi", "--max-tokens", "2", "--address", address, "--tls-ca", str(certs / "ca.pem"))
+        assert keyless.returncode == 1 and "UNAUTHENTICATED" in keyless.stderr
+    finally:
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(timeout=60)
+    assert code == 0
+    assert "development certificates created" in up.stdout.read()
+
+
 def scrape_value(port: int, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()

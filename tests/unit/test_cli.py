@@ -182,3 +182,53 @@ def test_services_bound_openmp_spinning_unless_the_environment_says(given, expec
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == expected
+
+
+def test_up_passes_every_router_flag_through(monkeypatch, tmp_path):
+    """Each flag `tandem up` shares with `tandem router` reaches the router's command line with
+    the value given, and the router's config takes it."""
+    from tandem.cli import router_config, router_flag_options
+    from tandem.launcher import service_args
+
+    keys = tmp_path / "keys"
+    keys.write_text("sk-1\n")
+    given = {"--max-waiting": "7", "--max-running-requests": "3", "--max-concurrent-rpcs": "40",
+             "--shutdown-grace-s": "5.0", "--api-key-file": str(keys), "--max-prompt-bytes": "1000",
+             "--max-n": "4", "--min-ping-interval-s": "2.0"}
+    _, router, _ = service_args(_up("--draft", "none", *[x for kv in given.items() for x in kv], monkeypatch=monkeypatch),
+                                Path("/m"))
+    for option, _ in router_flag_options():
+        assert option in router, option
+    for option, value in given.items():
+        assert router[router.index(option) + 1] == value, option
+    config = router_config(build_parser().parse_args(router), Path("/m"))
+    assert (config.max_waiting, config.max_running_requests, config.max_concurrent_rpcs) == (7, 3, 40)
+    assert config.api_key_file == keys and config.shutdown_grace_s == 5.0
+    assert (config.request_limits.max_prompt_bytes, config.request_limits.max_n) == (1000, 4)
+
+
+def test_up_tls_dir_gives_each_service_its_identity(monkeypatch, tmp_path):
+    from tandem.cli import draft_config, router_config, target_config
+    from tandem.launcher import service_args
+    from tandem.security.certs import create_dir
+
+    create_dir(tmp_path)
+    target, router, draft = service_args(_up("--draft", "eagle", "--tls-dir", str(tmp_path), monkeypatch=monkeypatch),
+                                         Path("/m"))
+    parser = build_parser()
+    for name, argv, make in (("target", target, target_config), ("router", router, router_config)):
+        config = make(parser.parse_args(argv), Path("/m"))
+        assert config.tls.cert == tmp_path / f"{name}.pem" and config.tls.key == tmp_path / f"{name}-key.pem"
+        assert config.tls.ca == tmp_path / "ca.pem" and config.tls.mutual
+    public = router_config(parser.parse_args(router), Path("/m")).public_tls
+    assert public.cert == tmp_path / "router.pem" and public.ca is None  # TLS, no client certificates
+    assert draft[draft.index("--tls-cert") + 1] == str(tmp_path / "draft.pem")
+
+
+def test_certs_create_writes_a_ca_and_four_identities(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "tandem.cli", "certs", "create", str(tmp_path / "c")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in (tmp_path / "c").iterdir())
+    assert names == sorted(["ca.pem", "ca-key.pem", *(f"{n}{s}" for n in ("router", "target", "draft", "client")
+                                                      for s in (".pem", "-key.pem"))])
