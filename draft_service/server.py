@@ -16,10 +16,11 @@ from draft_service.peer_client import DraftPeer
 from draft_service.servicer import SERVICE_NAME, DraftServicer
 from target_service.servicer import compute_thread
 from tandem.errors import InvalidArgument
-from tandem.channels import bind, bind_probe_port, make_server, transport_checks
+from tandem.channels import bind, make_server
 from tandem.grpc_server import add_health_and_reflection, serve_until_signal
 from tandem.security.identity import draft_policy
 from tandem.metrics import engine_collector, serve_metrics
+from tandem.probes import Sidecars, start_probes
 from tandem.telemetry.tracing import Tracing, setup_tracing
 from tandem.v1 import engine_pb2_grpc
 
@@ -93,7 +94,7 @@ def start_draft(config: DraftConfig, tracing: Tracing | None = None):
     if not peer.wait_connected(config.hidden_timeout_s * 6):
         why = f": it refused it ({peer.refusal})" if peer.refusal else ""
         raise RuntimeError(f"draft: no peer stream to the target at {config.target_address}{why}")
-    checks = [*transport_checks(config.tls), *([draft_policy(config.identities)] if config.tls.mutual else [])]
+    checks = [draft_policy(config.identities)] if config.tls.mutual else []
     server = make_server(checks=checks)
     max_draft_tokens, shape = kind.describe(engine)
     servicer = DraftServicer(engine, config.method, config.model_dir.name, compute,
@@ -102,13 +103,12 @@ def start_draft(config: DraftConfig, tracing: Tracing | None = None):
     health = add_health_and_reflection(server, [SERVICE_NAME])
     follow_peer(health, peer)
     port = bind(server, config.host, config.port, config.tls, "draft")
-    if config.health_port:
-        bind_probe_port(server, config.host, config.health_port, "draft")
     server.start()
+    probes = start_probes(health, config.host, config.health_port, "draft") if config.health_port else None
     log.info("draft: %s head %s (%s, up to %s drafts) on %s:%d, peer %s", config.method, config.model_dir, shape,
              max_draft_tokens or "k", config.host, port, config.target_address)
     metrics = serve_metrics(config.host, config.metrics_port, engine_collector("draft", engine), "draft")
-    return server, health, port, engine, metrics
+    return server, health, port, engine, Sidecars.of(metrics, probes)
 
 
 def run_draft(config: DraftConfig) -> None:

@@ -57,7 +57,7 @@ class RouterConfig:
     public_tls: TlsConfig = PLAINTEXT
     # Keys the public API requires (`authorization: Bearer <key>`), one a line; None: open.
     api_key_file: Path | None = None
-    health_port: int = 0  # plaintext port serving health and reflection only (0: none)
+    health_port: int = 0  # a plaintext port answering health Checks only, for probes (0: none)
     # What one public request may ask: sizes of its fields (RequestLimits documents each).
     request_limits: RequestLimits = field(default_factory=RequestLimits)
 

@@ -12,10 +12,11 @@ from router.speculation import Speculator
 from router.target_link import TargetLink
 from router.servicer import SERVICE_NAME, GenerationServicer
 from router.tokenizer import Tokenizer
-from tandem.channels import bind, bind_probe_port, make_server, open_channel, public_server_options, transport_checks
+from tandem.channels import bind, make_server, open_channel, public_server_options
 from tandem.grpc_server import add_health_and_reflection_aio, set_health_aio
 from tandem.security.api_keys import ApiKeys
 from tandem.metrics import serve_metrics
+from tandem.probes import Sidecars, start_probes_aio
 from tandem.telemetry.tracing import Tracing, setup_tracing
 from tandem.v1 import generate_pb2_grpc
 
@@ -23,8 +24,8 @@ log = logging.getLogger(__name__)
 
 
 async def start_router(config: RouterConfig, tracing: Tracing | None = None):
-    """Starts the router; returns (server, engine, health, channel, bound port, metrics server
-    or None)."""
+    """Starts the router; returns (server, engine, health, channel, bound port, side servers
+    (tandem.probes.Sidecars: metrics, probe port) or None)."""
     target, reset = await TargetLink.connect(config.target_address, config.tls, config.connect_timeout_s,
                                              config.step_timeout_s)
     info = reset.info
@@ -38,7 +39,7 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     engine = RouterEngine(config, Tokenizer(config.model_dir), target, info, speculator,
                           first_step_id=reset.last_step_id + 1, draft_max_num_sequence=draft_max, tracing=tracing)
     engine.start()
-    checks = transport_checks(config.public_tls)
+    checks = []
     if config.api_key_file:
         checks.append(ApiKeys(config.api_key_file))
     options = public_server_options(config.max_connection_age_s, config.max_connection_age_grace_s,
@@ -49,28 +50,27 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     # NOT_SERVING while the target is down or serves another model: no request could be served.
     engine.on_serving = lambda serving: set_health_aio(health, [SERVICE_NAME], serving)
     await set_health_aio(health, [SERVICE_NAME], engine.serving)  # it may have changed since start()
-    port = bind(server, config.host, config.port, config.public_tls, "router")
-    if config.health_port:
-        bind_probe_port(server, config.host, config.health_port, "router")
+    port = bind(server, config.host, config.port, config.public_tls, "router", internal=False)
     await server.start()
+    probes = await start_probes_aio(health, config.host, config.health_port, "router") if config.health_port else None
     log.info("router: serving on %s:%d, target %s (%s)", config.host, port, config.target_address, info.model)
     metrics = serve_metrics(config.host, config.metrics_port, lambda: router_families(snapshot(engine)), "router")
-    return server, engine, health, target.channel, port, metrics
+    return server, engine, health, target.channel, port, Sidecars.of(metrics, probes)
 
 
 CANCEL_MARGIN_S = 1.0  # of the grace period: time to send the cancelled deltas and close
 
 
 async def _serve(config: RouterConfig, tracing: Tracing | None = None) -> None:
-    server, engine, health, _, _, metrics = await start_router(config, tracing)
+    server, engine, health, _, _, sidecars = await start_router(config, tracing)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await drain(server, engine, health, config.shutdown_grace_s)
-    if metrics:
-        metrics.stop()
+    if sidecars:
+        await sidecars.astop()
 
 
 async def drain(server, engine: RouterEngine, health, grace_s: float) -> None:

@@ -12,7 +12,7 @@ import grpc
 
 from tandem.grpc_server import (CHANNEL_OPTIONS, PUBLIC_SERVER_OPTIONS, SERVER_OPTIONS, AioErrorInterceptor,
                                 ErrorInterceptor)
-from tandem.security.guard import AioGuardInterceptor, Check, GuardInterceptor, tls_required
+from tandem.security.guard import AioGuardInterceptor, Check, GuardInterceptor
 from tandem.security.tls import PLAINTEXT, TlsConfig, TlsFiles, TlsMaterial
 
 log = logging.getLogger(__name__)
@@ -89,27 +89,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def transport_checks(tls: TlsConfig) -> list[Check]:
-    """A server with TLS serves only health and reflection on its plaintext probe port."""
-    return [tls_required] if tls.serves_tls else []
-
-
-def bind_probe_port(server, host: str, port: int, name: str) -> int:
-    """--health-port: plaintext, for probes that present no certificate (Kubernetes' gRPC
-    probes, load balancers); with TLS on the service, only health and reflection answer here."""
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise RuntimeError(f"{name}: cannot bind the health port {host}:{port}")
-    return bound
-
-
-def bind(server, host: str, port: int, tls: TlsConfig, name: str, *, require_client_auth: bool | None = None) -> int:
+def bind(server, host: str, port: int, tls: TlsConfig, name: str, *, internal: bool = True) -> int:
     """Listens on host:port (TLS with tls's certificate; client certificates required when it
-    has a CA, unless require_client_auth says otherwise); returns the bound port."""
+    has a CA); returns the bound port. `internal`: a port only the other services call, whose
+    methods are authorized by the callers' certificates."""
     address = f"{host}:{port}"
     if tls.serves_tls:
-        mutual = tls.ca is not None if require_client_auth is None else require_client_auth
-        bound = server.add_secure_port(address, server_credentials(tls, mutual))
+        if internal and tls.ca is None and not is_loopback(host):
+            log.warning("%s: TLS on %s without --tls-ca: any client that connects may call every method (mutual TLS"
+                        " authorizes the router and the draft by their certificates)", name, address)
+        bound = server.add_secure_port(address, server_credentials(tls, tls.ca is not None))
     else:
         if not is_loopback(host):
             log.warning("%s: listening on %s WITHOUT TLS: anyone who reaches this port can call it"

@@ -115,8 +115,8 @@ def _add_tls_flags(p: argparse.ArgumentParser) -> None:
                    help="PEM trust bundle: with it the internal port requires client certificates it signed (mutual"
                         " TLS) and outgoing channels verify servers against it and present --tls-cert")
     p.add_argument("--health-port", type=int, default=_env("health_port", 0),
-                   help="a plaintext port serving only grpc.health.v1 and reflection, for probes that present no"
-                        " certificate (0: none)")
+                   help="a plaintext port of its own answering grpc.health.v1 Check only, for probes that present"
+                        " no certificate (0: none)")
 
 
 def _add_identity_flags(p: argparse.ArgumentParser) -> None:
@@ -355,7 +355,7 @@ def cmd_health(args) -> int:
 def cmd_certs(args) -> int:
     from tandem.security.certs import create_dir
 
-    for path in create_dir(Path(args.dir), hosts=args.host, days=args.days):
+    for path in create_dir(Path(args.dir), hosts=args.host, days=args.days, split=args.split):
         print(path)
     return 0
 
@@ -515,6 +515,9 @@ def _certs_parser(sub) -> None:
     p.add_argument("--host", action="append", default=[],
                    help="another name or address the services are dialled by (localhost, 127.0.0.1 and ::1 are in)")
     p.add_argument("--days", type=int, default=VALID_DAYS)
+    p.add_argument("--split", action="store_true",
+                   help="each identity's pair and ca.pem in DIR/<identity>/ (one folder to give each service; the CA's"
+                        " key stays in DIR)")
     p.set_defaults(func=cmd_certs)
 
 

@@ -30,7 +30,7 @@ class TargetConfig:
     # Prometheus /metrics over HTTP on this port, on `host` (0: off).
     metrics_port: int = 0
     # TLS on the port (with a CA: mutual TLS, methods authorized by the caller's identity) and
-    # on outgoing channels; a plaintext port for probes serving health and reflection (0: none).
+    # on outgoing channels; a plaintext port answering health Checks only, for probes (0: none).
     tls: TlsConfig = PLAINTEXT
     identities: Identities = Identities()
     health_port: int = 0

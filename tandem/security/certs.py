@@ -16,6 +16,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tandem.errors import InvalidArgument
+
 IDENTITIES = ("router", "target", "draft", "client")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 VALID_DAYS = 365
@@ -79,31 +81,58 @@ def _key_pem(key) -> bytes:
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
     # Written whole under another name, then renamed: a service re-reading its files mid-write
-    # (rotation) never sees half a key.
+    # (rotation) never sees half a key. A key is created 0600 from the first byte, never through a
+    # link someone planted at the temporary name.
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    if private:
-        os.chmod(tmp, 0o600)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600 if private else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     os.replace(tmp, path)
 
 
-def create_dir(out: Path, hosts: list[str] = (), identities: tuple[str, ...] = IDENTITIES, days: int = VALID_DAYS,
-               reuse_ca: bool = True) -> list[Path]:
-    """Writes ca.pem (+ ca-key.pem) and {identity}.pem / {identity}-key.pem for each identity;
-    an existing CA in `out` is reused (re-issuing leaves (rotation) keeps peers' trust)."""
-    out.mkdir(parents=True, exist_ok=True)
+def _load_or_make_ca(out: Path, days: int, reuse_ca: bool):
     ca_path, ca_key_path = out / "ca.pem", out / "ca-key.pem"
-    if reuse_ca and ca_path.exists() and ca_key_path.exists():
+    if ca_path.exists() and not ca_key_path.exists():
+        raise InvalidArgument(f"{out} holds a CA (ca.pem) without its key (ca-key.pem): not replaced; issue"
+                              " certificates from that CA with its own tools, or use another folder")
+    if reuse_ca and ca_path.exists():
         ca = x509.load_pem_x509_certificate(ca_path.read_bytes())
-        ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
-    else:
-        ca, ca_key = make_ca(days)
-        _write(ca_key_path, _key_pem(ca_key), private=True)
-        _write(ca_path, _pem(ca))
-    written = [ca_path]
+        return ca, serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
+    ca, ca_key = make_ca(days)
+    _write(ca_key_path, _key_pem(ca_key), private=True)
+    _write(ca_path, _pem(ca))
+    return ca, ca_key
+
+
+def _check_hosts(hosts, identities) -> None:
+    """A host named like an identity would make every certificate that identity (the services
+    authorize by DNS names): `--host router` on the draft's certificate lets it reset the target."""
+    clash = sorted(set(hosts) & {*IDENTITIES, *identities})
+    if clash:
+        raise InvalidArgument(f"--host {', '.join(clash)}: an identity's name, not a host name (each certificate"
+                              " already names its own identity)")
+
+
+def create_dir(out: Path, hosts: list[str] = (), identities: tuple[str, ...] = IDENTITIES, days: int = VALID_DAYS,
+               reuse_ca: bool = True, split: bool = False) -> list[Path]:
+    """Writes ca.pem (+ ca-key.pem) and {identity}.pem / {identity}-key.pem for each identity;
+    an existing CA in `out` is reused (re-issuing leaves (rotation) keeps peers' trust). The
+    services' certificates also name `hosts` (and the local ones); the client's names only
+    itself. split: each identity's pair and ca.pem in a folder of its own, out/{identity}/, so
+    that each service can be given its own files and nothing else (not the CA's key)."""
+    _check_hosts(hosts, identities)
+    out.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = _load_or_make_ca(out, days, reuse_ca)
+    written = [out / "ca.pem"]
     for identity in identities:
-        cert, key = make_leaf(identity, [*LOCAL_HOSTS, *hosts], ca, ca_key, days)
-        _write(out / f"{identity}-key.pem", _key_pem(key), private=True)
-        _write(out / f"{identity}.pem", _pem(cert))
-        written.append(out / f"{identity}.pem")
+        folder = out / identity if split else out
+        folder.mkdir(exist_ok=True)
+        if split:
+            _write(folder / "ca.pem", _pem(ca))
+        names = [] if identity == "client" else [*LOCAL_HOSTS, *hosts]
+        cert, key = make_leaf(identity, names, ca, ca_key, days)
+        _write(folder / f"{identity}-key.pem", _key_pem(key), private=True)
+        _write(folder / f"{identity}.pem", _pem(cert))
+        written.append(folder / f"{identity}.pem")
     return written

@@ -29,17 +29,6 @@ def service_of(method: str) -> str:
     return method.rsplit("/", 1)[0].lstrip("/")
 
 
-def tls_required(method: str, context) -> Refusal | None:
-    """On a server that serves TLS, its plaintext probe port (--health-port) serves health and
-    reflection only."""
-    if service_of(method) in OPEN_SERVICES:
-        return None
-    if b"ssl" in context.auth_context().get("transport_security_type", ()):
-        return None
-    return Refusal(grpc.StatusCode.UNAUTHENTICATED,
-                   f"{method} is served over TLS only; this port serves health and reflection")
-
-
 def _first_refusal(checks: Sequence[Check], method: str, context) -> Refusal | None:
     for check in checks:
         refusal = check(method, context)

@@ -14,19 +14,12 @@ from types import MappingProxyType
 
 import grpc
 
+from tandem.errors import InvalidArgument
 from tandem.security.guard import Refusal, service_of
 
 DEFAULT_ROUTER_IDENTITY = "router"
 DEFAULT_DRAFT_IDENTITY = "draft"
 _IDENTITY_KEYS = ("x509_subject_alternative_name", "x509_common_name")
-
-
-@dataclass(frozen=True, slots=True)
-class Identities:
-    """The names the services know each other by (certificate DNS SANs or CNs)."""
-
-    router: str = DEFAULT_ROUTER_IDENTITY
-    draft: str = DEFAULT_DRAFT_IDENTITY
 
 
 def _is_ip(name: str) -> bool:
@@ -37,14 +30,32 @@ def _is_ip(name: str) -> bool:
         return False
 
 
+# Names a certificate carries to be dialled by, on many certificates at once: never an identity.
+_NOT_IDENTITIES = frozenset({"localhost"})
+
+
+@dataclass(frozen=True, slots=True)
+class Identities:
+    """The names the services know each other by (certificate DNS SANs or CNs)."""
+
+    router: str = DEFAULT_ROUTER_IDENTITY
+    draft: str = DEFAULT_DRAFT_IDENTITY
+
+    def __post_init__(self) -> None:
+        for role, name in (("router", self.router), ("draft", self.draft)):
+            if not name or name in _NOT_IDENTITIES or _is_ip(name):
+                raise InvalidArgument(f"--{role}-identity {name!r}: a certificate name that only that service's"
+                                      " certificate carries, not an address or localhost")
+
+
 def peer_identities(auth_context: Mapping[str, Iterable[bytes]]) -> frozenset[str]:
-    """The verified names of the caller (DNS SANs and CN; IP SANs say where, not who); empty
-    without a client certificate."""
+    """The verified names of the caller (DNS SANs and CN; IP SANs and localhost say where, not
+    who); empty without a client certificate."""
     names: set[str] = set()
     for key in _IDENTITY_KEYS:
         for value in auth_context.get(key, ()):
             name = value.decode("utf-8", "replace")
-            if not _is_ip(name):
+            if not _is_ip(name) and name not in _NOT_IDENTITIES:
                 names.add(name)
     return frozenset(names)
 

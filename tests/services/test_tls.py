@@ -180,12 +180,20 @@ def test_plaintext_and_foreign_certificates_get_no_connection(secured, tmp_path)
         assert error.code() == grpc.StatusCode.UNAVAILABLE, tls
 
 
-def test_the_probe_port_serves_health_only(secured):
+def test_the_probe_port_answers_health_checks_only(secured):
+    """Plaintext, for probes without certificates: Check answers (the service's own status);
+    the service's methods and Watch streams (which could hold its threads) are not there."""
     with grpc.insecure_channel(f"127.0.0.1:{secured.target_health_port}") as ch:
-        status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10).status
-        assert status == health_pb2.HealthCheckResponse.SERVING
+        health = health_pb2_grpc.HealthStub(ch)
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=10).status == health_pb2.HealthCheckResponse.SERVING
+        named = health_pb2.HealthCheckRequest(service="tandem.v1.TargetEngine")
+        assert health.Check(named, timeout=10).status == health_pb2.HealthCheckResponse.SERVING
         _, error = _call(engine_pb2_grpc.TargetEngineStub(ch).Reset, epb.ResetRequest())
-    assert error.code() == grpc.StatusCode.UNAUTHENTICATED and "TLS only" in error.details()
+        assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+        watch = health.Watch(health_pb2.HealthCheckRequest(), timeout=10)
+        with pytest.raises(grpc.RpcError) as info:
+            next(watch)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 def test_rotated_certificates_are_served_to_new_connections(secured, certs, tmp_path):

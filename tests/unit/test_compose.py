@@ -74,13 +74,17 @@ def test_the_services_talk_mutual_tls_with_their_own_identities(config):
     """Each service presents its own certificate and trusts the CA (the target and the draft then
     authorize callers by identity); the healthchecks read the same variables."""
     services = config["services"]
-    assert "tandem certs create /certs" in " ".join(services["certs"]["command"])
+    assert "tandem certs create /certs --split" in " ".join(services["certs"]["command"])
+    made = {v["source"]: v["target"] for v in services["certs"]["volumes"]}
+    assert made["certs-ca"] == "/certs"  # the CA's key: in no service's volume
     for name in TANDEM_SERVICES:
         env = services[name]["environment"]
         assert env["TANDEM_TLS_CERT"] == f"/certs/{name}.pem" and env["TANDEM_TLS_KEY"] == f"/certs/{name}-key.pem"
         assert env["TANDEM_TLS_CA"] == "/certs/ca.pem"
-        mounts = {v["source"]: v for v in services[name]["volumes"]}
-        assert mounts["certs"]["target"] == "/certs" and mounts["certs"].get("read_only")
+        assert made[f"certs-{name}"] == f"/certs/{name}"  # `certs create --split` writes each service's folder
+        mounts = {v["source"]: v for v in services[name]["volumes"] if v["source"].startswith("certs")}
+        assert list(mounts) == [f"certs-{name}"], mounts  # its own pair and the CA's certificate, nothing else
+        assert mounts[f"certs-{name}"]["target"] == "/certs" and mounts[f"certs-{name}"].get("read_only")
 
 
 def test_configuration_reaches_what_the_services_read(config):

@@ -12,7 +12,6 @@ from cryptography import x509
 from tandem.errors import InvalidArgument
 from tandem.security.api_keys import ApiKeys, bearer_key, key_id, parse_keys
 from tandem.security.certs import IDENTITIES, create_dir
-from tandem.security.guard import tls_required
 from tandem.security.identity import Identities, draft_policy, peer_identities, target_policy
 from tandem.security.tls import TlsConfig, TlsFiles
 
@@ -33,11 +32,47 @@ def test_certs_name_their_identity_and_hosts_and_keep_keys_private(certs):
     for identity in IDENTITIES:
         cert = x509.load_pem_x509_certificate((certs / f"{identity}.pem").read_bytes())
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        assert san.get_values_for_type(x509.DNSName)[:3] == [identity, "localhost", "target.internal"]
-        assert {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} == {"127.0.0.1", "::1", "10.0.0.7"}
+        ips = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+        if identity == "client":  # dialled by nobody: its own name only
+            assert san.get_values_for_type(x509.DNSName) == ["client"] and not ips
+        else:
+            assert san.get_values_for_type(x509.DNSName) == [identity, "localhost", "target.internal"]
+            assert ips == {"127.0.0.1", "::1", "10.0.0.7"}
         assert cert.issuer == ca.subject
         cert.verify_directly_issued_by(ca)
         assert stat.S_IMODE(os.stat(certs / f"{identity}-key.pem").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(certs / "ca-key.pem").st_mode) == 0o600
+
+
+def test_a_host_named_like_an_identity_is_refused(tmp_path):
+    """--host router would put the router's name on the draft's certificate (and it could reset
+    the target)."""
+    with pytest.raises(InvalidArgument, match="an identity's name"):
+        create_dir(tmp_path, hosts=["gpu-a", "router"])
+    assert not (tmp_path / "draft.pem").exists()
+
+
+def test_an_operators_ca_without_its_key_is_never_replaced(tmp_path):
+    (tmp_path / "ca.pem").write_text("their CA")
+    with pytest.raises(InvalidArgument, match="without its key"):
+        create_dir(tmp_path)
+    assert (tmp_path / "ca.pem").read_text() == "their CA"
+
+
+def test_split_gives_each_identity_its_own_folder_without_the_ca_key(tmp_path):
+    create_dir(tmp_path, split=True)
+    for identity in IDENTITIES:
+        files = sorted(p.name for p in (tmp_path / identity).iterdir())
+        assert files == sorted(["ca.pem", f"{identity}.pem", f"{identity}-key.pem"]), files
+        assert (tmp_path / identity / "ca.pem").read_bytes() == (tmp_path / "ca.pem").read_bytes()
+        TlsFiles(TlsConfig(tmp_path / identity / f"{identity}.pem", tmp_path / identity / f"{identity}-key.pem",
+                           tmp_path / identity / "ca.pem"))  # a matching pair
+
+
+@pytest.mark.parametrize("name", ["localhost", "127.0.0.1", ""])
+def test_identities_that_would_match_everyone_are_refused(name):
+    with pytest.raises(InvalidArgument, match="--router-identity"):
+        Identities(router=name)
 
 
 def test_re_issuing_keeps_the_ca_unless_asked(tmp_path):
@@ -76,7 +111,7 @@ def test_tls_files_take_a_rotation_only_once_it_is_consistent(tmp_path):
 def test_identities_are_dns_names_and_the_common_name_not_addresses():
     auth = {"x509_subject_alternative_name": [b"router", b"localhost", b"127.0.0.1", b"::1"],
             "x509_common_name": [b"router"], "transport_security_type": [b"ssl"]}
-    assert peer_identities(auth) == {"router", "localhost"}
+    assert peer_identities(auth) == {"router"}  # localhost is on every certificate: nobody's identity
     assert peer_identities({}) == frozenset()
 
 
@@ -105,13 +140,6 @@ def test_every_internal_method_has_a_rule():
     for service, policy in (("TargetEngine", target_policy(Identities())), ("DraftEngine", draft_policy(Identities()))):
         methods = engine_pb2.DESCRIPTOR.services_by_name[service].methods
         assert {f"/tandem.v1.{service}/{m.name}" for m in methods} == set(policy.rules)
-
-
-def test_the_plaintext_probe_port_serves_health_only():
-    plain = {"transport_security_type": [b"insecure"]}
-    assert tls_required("/grpc.health.v1.Health/Check", _context(auth=plain)) is None
-    assert tls_required("/tandem.v1.TargetEngine/Reset", _context(auth=plain)).code == grpc.StatusCode.UNAUTHENTICATED
-    assert tls_required("/tandem.v1.TargetEngine/Reset", _context(auth={"transport_security_type": [b"ssl"]})) is None
 
 
 def test_key_files_and_bearer_metadata():
