@@ -17,14 +17,32 @@ from tandem.security.tls import PLAINTEXT, TlsConfig
 READY_TIMEOUT_S = 300.0
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when `tandem up` dies (even by SIGKILL), so that no
+    service outlives it now that they sit in sessions of their own."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _spawn(args: list[str], log_level: str, log_format: str = "text") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tandem.cli", "--log-level", log_level, "--log-format", log_format, *args])
+    # A session of its own: the terminal's Ctrl-C reaches `tandem up` alone, which stops the
+    # services in order (the router drains first, while the target still serves its steps).
+    return subprocess.Popen([sys.executable, "-m", "tandem.cli", "--log-level", log_level, "--log-format", log_format, *args],
+                            start_new_session=True, preexec_fn=_die_with_parent)
+
+
+class Stopped(Exception):
+    """SIGTERM or Ctrl-C came while the services were starting."""
 
 
 def wait_healthy(address: str, procs: list[subprocess.Popen], timeout: float = READY_TIMEOUT_S,
-                 tls: TlsConfig = PLAINTEXT) -> None:
+                 tls: TlsConfig = PLAINTEXT, stopping=lambda: False) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if stopping():
+            raise Stopped()
         if any(p.poll() is not None for p in procs):
             raise RuntimeError(f"a service exited before {address} was ready")
         if health(address, timeout=1.0, quiet=True, tls=tls) == 0:
@@ -230,7 +248,8 @@ def run_up(args, model: Path, backoff: Backoff = Backoff()) -> int:
             spawn = lambda service=service: _spawn(service, args.log_level, args.log_format)  # noqa: E731
             services.append(Supervised(name, spawn, backoff, lambda line: print(line, flush=True)))
             print(f"tandem up: {name} started (pid {services[-1].start().pid})", flush=True)
-            wait_healthy(f"{args.host}:{port}", [s.proc for s in services], tls=client_tls(tls_dir))
+            wait_healthy(f"{args.host}:{port}", [s.proc for s in services], tls=client_tls(tls_dir),
+                         stopping=lambda: stopping)
         drafting = f"{args.draft} {args.draft_model}, {args.shape or 'its default shape'}, k = {args.spec_draft_length}" \
             if draft_args else "none"
         security = f"; mutual TLS, CA {tls_dir / 'ca.pem'}" if tls_dir else ""
@@ -239,6 +258,8 @@ def run_up(args, model: Path, backoff: Backoff = Backoff()) -> int:
             for service in services:
                 service.check()
             time.sleep(0.2)
+    except Stopped:
+        pass
     finally:
         _terminate(services, args.shutdown_grace_s)
     return 0
@@ -248,7 +269,8 @@ STOP_MARGIN_S = 10.0  # beyond the router's grace: the services' own shutdown
 
 
 def _terminate(services: list[Supervised], grace_s: float) -> None:
-    for service in reversed(services):  # the router first: it drains, then stops sending steps
-        service.terminate()
+    """The router first, waited for: it drains its requests (up to `grace_s`) while the target
+    and the draft still serve their steps; then the draft and the target."""
     for service in reversed(services):
+        service.terminate()
         service.wait(timeout=grace_s + STOP_MARGIN_S)

@@ -54,6 +54,8 @@ def test_up_generate_health_and_sigterm(tiny_model):
         up.send_signal(signal.SIGTERM)
         code = up.wait(timeout=60)
     assert code == 0
+    out = up.stdout.read()  # the router drained and stopped before the target began to stop
+    assert 0 <= out.index("router: stopped") < out.index("target: shutting down"), out[-3000:]
     # both services are gone with it
     assert health(f"127.0.0.1:{router}", timeout=1.0, quiet=True) == 1
     assert health(f"127.0.0.1:{target}", timeout=1.0, quiet=True) == 1
