@@ -18,7 +18,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from router.config import RouterConfig
 from router.limits import resolve_limits
 from router.output import OutputProcessor
-from router.overload import DrainRate, QueueFull
+from router.overload import DrainRate, NeverFits, QueueFull
 from router.figures import RouterFigures
 from router.request import GenerationSpec, Request, new_request
 from router.scheduler import Scheduler, StepPlan
@@ -26,7 +26,7 @@ from router.speculation import Speculator
 from router.target_link import RESET_RETRY_S, TargetLink
 from router.tokenizer import Tokenizer
 from router.tracing import NO_STEP, RouterTracing
-from tandem.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TandemError, Unavailable
+from tandem.errors import FailedPrecondition, InvalidArgument, TandemError, Unavailable
 from tandem.ops import EngineInfo, StepRequest
 from tandem.telemetry.tracing import Tracing
 
@@ -45,6 +45,7 @@ class Counters:
     target_compute_ms_total: float = 0.0
     kv_mirror_mismatches: int = 0  # steps after which the router's page view differed: a bug
     target_restarts: int = 0  # targets found restarted between steps (instance_id)
+    requests_refused_total: int = 0  # the queue was full (max_waiting)
 
 
 class RouterEngine:
@@ -115,6 +116,7 @@ class RouterEngine:
         try:
             self.scheduler.enqueue(request)  # raises ResourceExhausted before anything is kept
         except QueueFull as e:
+            self.counters.requests_refused_total += 1
             e.retry_after_ms = self.drain.retry_after_ms(e.waiting)  # when the queue ahead drains
             raise
         self.tracing.added(request, span)
@@ -350,7 +352,7 @@ class RouterEngine:
             log.warning("the target came back with other limits: %s (was %s)", limits, self.limits)
         self.info, self.limits, self.kv_pages_free = info, limits, info.kv_pages_total
         for request, why in self.scheduler.adopt(limits):
-            self._fail(request, ResourceExhausted(f"{why} since the target service restarted"))
+            self._fail(request, NeverFits(f"{why} since the target service restarted"))
 
     def _lose_target(self, error: TandemError) -> None:
         if self._running_requests():

@@ -126,6 +126,7 @@ class RouterSnapshot:
     step_errors_total: int
     preemptions_total: int
     target_restarts_total: int
+    requests_refused_total: int
     kv_pages_total: int
     kv_pages_free: int
     kv_pages_used: int
@@ -177,6 +178,7 @@ def snapshot(engine, now: float | None = None) -> RouterSnapshot:
         step_errors_total=c.step_errors_total,
         preemptions_total=sched.preempted_total,
         target_restarts_total=c.target_restarts,
+        requests_refused_total=c.requests_refused_total,
         draft_failures_total=spec.draft_failures if spec else 0,
         respeculations_total=sched.respeculated_total,
         kv_pages_total=engine.info.kv_pages_total,

@@ -41,6 +41,8 @@ def _tokens(s: RouterSnapshot) -> list[Metric]:
         counter(f"{P}_step_errors_total", "Target steps that failed (their requests failed).", s.step_errors_total),
         counter(f"{P}_target_restarts_total", "Target processes found restarted between steps (the prefix cache"
                 " was dropped).", s.target_restarts_total),
+        counter(f"{P}_requests_refused_total", "Requests refused because the waiting queue was full (max_waiting).",
+                s.requests_refused_total),
     ]
 
 

@@ -24,6 +24,17 @@ class QueueFull(ResourceExhausted):
         self.waiting = waiting
 
 
+# A pushback that tells a client with a retry policy not to retry at all (negative: gRPC's A6).
+DO_NOT_RETRY_MS = -1
+
+
+class NeverFits(ResourceExhausted):
+    """A request that can never run under the engine's limits: retrying cannot help."""
+
+    def __init__(self, why: str):
+        super().__init__(why, retry_after_ms=DO_NOT_RETRY_MS)
+
+
 class DrainRate:
     """Requests finished per second over the last `window_s` seconds."""
 

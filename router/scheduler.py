@@ -23,8 +23,7 @@ from router.draft_mirror import DraftMirror, worth_respeculating
 from router.kv_state import KvState
 from router.limits import EngineLimits
 from router.request import Request, Sequence
-from router.overload import QueueFull
-from tandem.errors import ResourceExhausted
+from router.overload import NeverFits, QueueFull
 from tandem.ops import EntryKind, EntryResult, SequenceOp, StepEntry
 
 
@@ -77,7 +76,7 @@ class Scheduler:
 
     def enqueue(self, request: Request) -> None:
         if why := self._never_fits(request):
-            raise ResourceExhausted(why)
+            raise NeverFits(why)
         waiting = len({id(s.request) for s in self.waiting})  # a tree may wait as n roots
         if waiting >= self.limits.max_waiting:
             raise QueueFull(waiting)

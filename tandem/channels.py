@@ -4,6 +4,7 @@ the target and the draft, the draft's peer stream to the target, the CLI's clien
 and the three services' servers."""
 
 import ipaddress
+import json
 import logging
 from collections.abc import Sequence
 from concurrent import futures
@@ -29,8 +30,24 @@ def channel_credentials(tls: TlsConfig) -> grpc.ChannelCredentials | None:
                                         certificate_chain=material.cert)
 
 
-def open_channel(address: str, tls: TlsConfig = PLAINTEXT, *, aio: bool = False, options=CHANNEL_OPTIONS):
-    """A channel (grpc.aio's with aio) to `address` with tandem's options."""
+# The public API's clients (tandem generate) retry a call the router refused for load, waiting the
+# grpc-retry-pushback-ms it sends (gRPC's A6: its own backoff otherwise; a negative pushback, as
+# for a request that can never fit, stops retries), or while it is unreachable or draining (behind a
+# load balancer the retry finds another replica). gRPC never retries a stream past its first
+# response. The services' own channels never retry: their calls are steps of a state machine.
+PUBLIC_RETRY_POLICY = json.dumps({"methodConfig": [{
+    "name": [{"service": "tandem.v1.Generation"}],
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.2s", "maxBackoff": "10s", "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["RESOURCE_EXHAUSTED", "UNAVAILABLE"]},
+}]})
+
+
+def open_channel(address: str, tls: TlsConfig = PLAINTEXT, *, aio: bool = False, options=CHANNEL_OPTIONS,
+                 retry: bool = False):
+    """A channel (grpc.aio's with aio) to `address` with tandem's options; `retry`: the public
+    API's retry policy (PUBLIC_RETRY_POLICY)."""
+    if retry:
+        options = [*options, ("grpc.enable_retries", 1), ("grpc.service_config", PUBLIC_RETRY_POLICY)]
     api = grpc.aio if aio else grpc
     credentials = channel_credentials(tls)
     if credentials is None:

@@ -44,7 +44,7 @@ def call_metadata(args) -> tuple[tuple[str, str], ...]:
 
 def generate(args) -> int:
     metadata = call_metadata(args)
-    with open_channel(args.address, client_tls(args)) as channel:
+    with open_channel(args.address, client_tls(args), retry=True) as channel:
         stub = generate_pb2_grpc.GenerationStub(channel)
         started = time.perf_counter()
         first = None

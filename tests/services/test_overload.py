@@ -9,9 +9,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tandem.channels import open_channel
 from tandem.grpc_server import RETRY_PUSHBACK
 from tandem.testing.tiny import TINY_PROMPTS
 from tandem.v1 import generate_pb2 as pb
+from tandem.v1 import generate_pb2_grpc
 from tests import reliability
 from tests.services.harness import generate, start_services
 
@@ -74,13 +76,47 @@ def test_a_full_queue_refuses_with_a_retry_pushback_and_running_requests_are_cap
 
 
 def test_the_pushback_follows_the_drain_rate(services):
-    """Requests finishing lately give a rate: the hint for one request ahead is about one
-    request's time (bounded), not the fixed guess of an idle router."""
+    """Requests finishing lately give a rate (the arithmetic is tests/unit/test_overload.py's):
+    the hint is no longer the fixed guess of an idle router."""
     for prompt in TINY_PROMPTS[:3]:
         generate(services.stub, prompt=prompt, params=pb.SamplingParams(max_tokens=2, temperature=0))
     engine = services.router_engine
     assert engine.drain.per_second() > 0
-    assert engine.drain.retry_after_ms(1) == max(100, min(60_000, int(1000 / engine.drain.per_second())))
+    assert 100 <= engine.drain.retry_after_ms(1) <= 60_000
+
+
+def test_a_client_with_the_retry_policy_waits_out_a_full_queue(services):
+    """tandem's public retry policy (what `tandem generate` uses): the refused call is retried
+    after the pushback, and is served once the queue has room."""
+    first, t1, _ = _stream_in_background(services.stub, TINY_PROMPTS[0])
+    _wait_for(lambda: _stats(services).requests_running == 1)
+    second, t2, _ = _stream_in_background(services.stub, TINY_PROMPTS[1])
+    _wait_for(lambda: _stats(services).requests_waiting == 1)
+    refused = _stats(services).requests_refused_total
+    with open_channel(f"127.0.0.1:{services.router_port}", retry=True) as channel:
+        stub = generate_pb2_grpc.GenerationStub(channel)
+        call = stub.Generate(pb.GenerateRequest(prompt=TINY_PROMPTS[2], params=pb.SamplingParams(
+            max_tokens=4, temperature=0, ignore_eos=True)), timeout=60)
+        _wait_for(lambda: _stats(services).requests_refused_total > refused)  # refused once at least
+        first.cancel()
+        second.cancel()
+        tokens = [t for r in call for c in r.choices for t in c.token_ids]  # then served on a retry
+    assert len(tokens) == 4
+    t1.join(30)
+    t2.join(30)
+    reliability.served()
+
+
+def test_a_request_that_can_never_fit_tells_clients_not_to_retry(tiny_model):
+    """Within the model's context but past what this small KV cache can ever hold."""
+    small = start_services(tiny_model, target={"kv_cache_tokens": 256})
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            generate(small.stub, token_ids=[5] * 100, params=pb.SamplingParams(max_tokens=300), timeout=30)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+        assert dict(info.value.trailing_metadata())[RETRY_PUSHBACK] == "-1"  # gRPC A6: negative, no retry
+    finally:
+        small.stop()
 
 
 def test_concurrent_calls_past_the_cap_are_refused(services):
