@@ -12,7 +12,7 @@ from router.speculation import Speculator
 from router.target_link import TargetLink
 from router.servicer import SERVICE_NAME, GenerationServicer
 from router.tokenizer import Tokenizer
-from tandem.channels import bind, make_server, open_channel, public_server_options
+from tandem.channels import RenewableChannel, bind, make_server, public_server_options
 from tandem.grpc_server import add_health_and_reflection_aio, set_health_aio
 from tandem.security.api_keys import ApiKeys
 from tandem.metrics import serve_metrics
@@ -31,8 +31,7 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     info = reset.info
     speculator = None
     if config.draft_address:
-        draft_channel = open_channel(config.draft_address, config.tls, aio=True)
-        speculator = Speculator(draft_channel, config.spec_draft_length, config.draft_timeout_s, info.vocab_size,
+        speculator = Speculator(RenewableChannel(config.draft_address, config.tls), config.spec_draft_length, config.draft_timeout_s, info.vocab_size,
                                 config.draft_probe_s)
         await speculator.connect(config.connect_timeout_s)
     draft_max = speculator.max_sequences if speculator and speculator.max_sequences else None

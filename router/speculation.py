@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from router.call_stream import CallStream
+from tandem.channels import RenewableChannel
 from router.drafts import fit_draft
 from router.request import Sequence as RequestSeq
 from router.scheduler import StepPlan
@@ -71,10 +72,10 @@ class Speculator:
     """Which sequences the draft holds is the scheduler's to say (it sends their ops in
     StepPlan.draft_ops); this class talks to the draft service and watches its health."""
 
-    def __init__(self, channel: grpc.aio.Channel, k: int, timeout_s: float, vocab_size: int, probe_s: float = 2.0):
-        self.stub = engine_pb2_grpc.DraftEngineStub(channel)
+    def __init__(self, channel: RenewableChannel, k: int, timeout_s: float, vocab_size: int, probe_s: float = 2.0):
+        self._channel = channel
+        self._stubs()
         self.vocab_size = vocab_size  # the target's: drafts outside it are dropped
-        self.health = health_pb2_grpc.HealthStub(channel)
         self.k = k
         self.timeout_s = timeout_s
         self.probe_s = probe_s
@@ -89,6 +90,10 @@ class Speculator:
         self._draft_ids = itertools.count(1)
         self._probe: asyncio.Task | None = None
         self._drafts = CallStream(lambda: self.stub.Drafts(), timeout_s, "draft service", "draft_step_id")
+
+    def _stubs(self) -> None:
+        self.stub = engine_pb2_grpc.DraftEngineStub(self._channel.channel)
+        self.health = health_pb2_grpc.HealthStub(self._channel.channel)
 
     async def connect(self, timeout_s: float) -> None:
         """Waits for the draft (it may still be loading) and drops sequences a previous router
@@ -196,6 +201,9 @@ class Speculator:
         """Probes the draft's health; once SERVING again, resets it so new requests speculate."""
         while True:
             await asyncio.sleep(self.probe_s)
+            if await self._channel.renew():  # a rotated certificate or CA: a channel with the new files
+                self._drafts.close()
+                self._stubs()
             try:
                 check = await self.health.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout_s)
                 if check.status == health_pb2.HealthCheckResponse.SERVING:

@@ -11,7 +11,7 @@ import grpc
 
 from router.call_stream import CallStream
 from tandem import codec
-from tandem.channels import open_channel
+from tandem.channels import RenewableChannel
 from tandem.errors import Unavailable
 from tandem.grpc_server import MAX_RECONNECT_BACKOFF_MS
 from tandem.ops import EngineInfo, StepRequest
@@ -36,22 +36,27 @@ class Reset:
 
 
 class TargetLink:
-    def __init__(self, channel, info: EngineInfo, step_timeout_s: float, on_stream_end: Callable[[], None] | None = None):
-        self.channel = channel
-        self._stub = engine_pb2_grpc.TargetEngineStub(channel)
+    def __init__(self, channel: RenewableChannel, info: EngineInfo, step_timeout_s: float,
+                 on_stream_end: Callable[[], None] | None = None):
+        self._channel = channel
+        self._stub = engine_pb2_grpc.TargetEngineStub(channel.channel)
         self.step_timeout_s = step_timeout_s
         self.instance_id = info.instance_id  # a restarted target is another
         # A stream that ends while idle wakes the loop (on_stream_end): a target gone or
         # restarted is found then, not at the next request.
-        self._steps = CallStream(self._stub.Steps, step_timeout_s, "target service", "step_id", on_stream_end)
+        self._steps = CallStream(lambda: self._stub.Steps(), step_timeout_s, "target service", "step_id", on_stream_end)
+
+    @property
+    def channel(self):
+        return self._channel.channel
 
     @classmethod
     async def connect(cls, address: str, tls: TlsConfig = PLAINTEXT, timeout_s: float = 120.0,
                       step_timeout_s: float = 120.0) -> tuple["TargetLink", Reset]:
         """Waits for the target (it may still be loading weights) and resets it: a router that
         starts fresh owns no sequences, so whatever a previous one left goes."""
-        channel = open_channel(address, tls, aio=True)
-        stub = engine_pb2_grpc.TargetEngineStub(channel)
+        channel = RenewableChannel(address, tls)
+        stub = engine_pb2_grpc.TargetEngineStub(channel.channel)
         try:
             info = codec.info_from_pb(await stub.Info(engine_pb2.InfoRequest(), wait_for_ready=True, timeout=timeout_s))
             stats = await stub.Reset(engine_pb2.ResetRequest(), timeout=timeout_s)
@@ -88,7 +93,11 @@ class TargetLink:
             raise Unavailable("target service restarted")
 
     async def reset(self) -> Reset:
-        """Drops every sequence on the target; raises Unavailable if it cannot be reached."""
+        """Drops every sequence on the target; raises Unavailable if it cannot be reached. A
+        changed certificate or CA on disk is taken first (a new channel)."""
+        if await self._channel.renew():
+            self._steps.close()
+            self._stub = engine_pb2_grpc.TargetEngineStub(self._channel.channel)
         try:
             # Reachable first: Info takes no lock and rides out the channel's reconnect backoff;
             # the reset then waits for a step the target may still be running.
@@ -105,4 +114,4 @@ class TargetLink:
 
     async def close(self) -> None:
         self._steps.close()
-        await self.channel.close()
+        await self._channel.close()

@@ -55,6 +55,30 @@ def open_channel(address: str, tls: TlsConfig = PLAINTEXT, *, aio: bool = False,
     return api.secure_channel(address, credentials, options=options)
 
 
+class RenewableChannel:
+    """An asyncio channel to one service whose TLS files are looked at again by renew(): if they
+    changed (the client's own certificate rotated, or the CA), a new channel is made with them.
+    The router renews when it resets a service after losing it: a connection made then presents
+    the new identity (an established one keeps the one it was made with)."""
+
+    def __init__(self, address: str, tls: TlsConfig = PLAINTEXT):
+        self.address, self.tls = address, tls
+        self._files = TlsFiles(tls) if tls.enabled else None
+        self.channel = open_channel(address, tls, aio=True)
+
+    async def renew(self) -> bool:
+        """True if a new channel replaced the old one (the caller makes new stubs on it)."""
+        if self._files is None or self._files.refresh() is None:
+            return False
+        old, self.channel = self.channel, open_channel(self.address, self.tls, aio=True)
+        log.info("TLS files changed: a new channel to %s", self.address)
+        await old.close()
+        return True
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
 def make_server(*, aio: bool = False, checks: Sequence[Check] = (), options=SERVER_OPTIONS, max_workers: int = 8,
                 maximum_concurrent_rpcs: int | None = None):
     """A server whose calls pass the checks (identities, API keys) before anything else, then

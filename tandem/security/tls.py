@@ -2,8 +2,9 @@
 re-read from disk when the files change, so certificates rotate without a restart.
 
 Servers take new files at the next handshake (gRPC asks a fetcher before each one); outgoing
-channels read the files when they are made, and the services make a new channel whenever a
-connection is lost, so those pick new files up at their next connection."""
+channels read the files when they are made: the draft makes a new peer channel whenever its
+stream is lost, and the router a new channel to a service it resets after losing it
+(tandem.channels.RenewableChannel), so both present new files from their next connection."""
 
 import logging
 import threading

@@ -222,3 +222,46 @@ def test_rotated_certificates_are_served_to_new_connections(secured, certs, tmp_
     finally:
         for n, data in saved.items():
             (certs / n).write_bytes(data)
+
+
+def test_the_router_takes_a_new_ca_and_certificate_when_it_reconnects(tiny_model, tmp_path):
+    """Every certificate re-issued from a new CA while the services run; the target then
+    restarts (its old connections go). The router's next connection must present its new
+    certificate and trust the new CA: it makes a new channel when it resets the target."""
+    from dataclasses import replace
+
+    from target_service.config import TargetConfig
+    from target_service.engine import TargetEngine
+    from target_service.server import start_target
+
+    certs = tmp_path / "certs"
+    create_dir(certs)
+    s = start_services(tiny_model, certs=certs, router={"step_timeout_s": 5.0})
+    try:
+        params = greedy(4)
+        before = [t for r in s.stub.Generate(pb.GenerateRequest(prompt=TINY_PROMPTS[0], params=params), timeout=60)
+                  for c in r.choices for t in c.token_ids]
+        staging = tmp_path / "new"
+        create_dir(staging)  # a new CA, new leaves
+        for path in staging.iterdir():  # the pairs before the CA: each file whole (renamed in place)
+            shutil.copyfile(path, certs / f"{path.name}.new")
+            (certs / f"{path.name}.new").replace(certs / path.name)
+        config = replace(TargetConfig(model_dir=tiny_model, port=s.target_port, kv_cache_tokens=8192, kv_page_size=8),
+                         tls=identity_tls(certs, "target"))
+        engine = TargetEngine(config)
+        s.target_server.stop(0).wait()
+        s.target_server, _, _, s.target_engine, _ = start_target(config, engine)
+        s.channel.close()  # the harness's own client trusts the new CA from now on
+        s.channel = open_channel(f"127.0.0.1:{s.router_port}", TlsConfig(ca=certs / "ca.pem"))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                after = [t for r in s.stub.Generate(pb.GenerateRequest(prompt=TINY_PROMPTS[0], params=params),
+                                                    timeout=30) for c in r.choices for t in c.token_ids]
+                break
+            except grpc.RpcError as e:  # UNAVAILABLE while the router finds the target again
+                assert e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, e.details()
+                time.sleep(0.5)
+        assert after == before
+    finally:
+        s.stop()
