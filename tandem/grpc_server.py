@@ -183,18 +183,24 @@ _HANDLERS = {  # (request streaming, response streaming): the behavior's attribu
 }
 
 
+def rewrap_handler(handler, wrap: Callable, request_deserializer=None):
+    """The same method handler with its behavior wrapped: `wrap(behavior, request_streaming,
+    response_streaming)` (and another request deserializer if given). Interceptors use it."""
+    if handler is None:
+        return None
+    kind = (handler.request_streaming, handler.response_streaming)
+    attribute, factory = _HANDLERS[kind]
+    return factory(wrap(getattr(handler, attribute), *kind),
+                   request_deserializer=request_deserializer or handler.request_deserializer,
+                   response_serializer=handler.response_serializer)
+
+
 def _wrapped_handler(handler, wrap, method: str):
     """Every method, health and reflection included: typed errors mapped to their status, and
     requests that do not parse answered INVALID_ARGUMENT naming the method."""
     if handler is None:
         return None
-    kind = (handler.request_streaming, handler.response_streaming)
-    attribute, factory = _HANDLERS[kind]
-    return factory(
-        wrap(getattr(handler, attribute), *kind),
-        request_deserializer=_decoding(handler.request_deserializer, method),
-        response_serializer=handler.response_serializer,
-    )
+    return rewrap_handler(handler, wrap, _decoding(handler.request_deserializer, method))
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):

@@ -68,7 +68,10 @@ class ApiKeys:
             log.warning("API key file %s unreadable (%s); keeping the %d keys in use", self.path, e, len(self._keys))
             return
         if self._stamp is not None:
-            log.info("API keys re-read from %s: %d keys", self.path, len(keys))
+            if keys:
+                log.info("API keys re-read from %s: %d keys", self.path, len(keys))
+            else:
+                log.warning("API key file %s holds no key now: every call is refused", self.path)
         self._stamp, self._keys = stamp, keys
 
     def valid(self, key: str) -> bool:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from tandem.grpc_server import rewrap_handler
+
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
@@ -70,20 +72,9 @@ def _guard_aio(behavior: Callable, checks: Sequence[Check], method: str, respons
     return streaming if response_streaming else unary
 
 
-_KINDS = {
-    (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
-    (False, True): ("unary_stream", grpc.unary_stream_rpc_method_handler),
-    (True, False): ("stream_unary", grpc.stream_unary_rpc_method_handler),
-    (True, True): ("stream_stream", grpc.stream_stream_rpc_method_handler),
-}
-
-
 def _guarded(handler, guard: Callable, checks: Sequence[Check], method: str):
-    if handler is None:
-        return None
-    attr, make = _KINDS[(handler.request_streaming, handler.response_streaming)]
-    return make(guard(getattr(handler, attr), checks, method, handler.response_streaming),
-                request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+    return rewrap_handler(handler, lambda behavior, _, response_streaming: guard(behavior, checks, method,
+                                                                                  response_streaming))
 
 
 class GuardInterceptor(grpc.ServerInterceptor):

@@ -3,7 +3,7 @@ draft killed once midway (the supervisor restarts it). Afterwards every request 
 correctly (greedy and seeded ones equal to their run alone) or was refused with a clean status;
 nothing runs or waits; the target and the draft hold no page and no sequence (recycling off);
 the router's view equals the target's; the router's and the target's memory are back within a
-few percent of their level after warm-up.
+few percent of their level after warm-up (the restarted draft: of the first draft's).
 
 The reduced soak runs in the default suite; TANDEM_SOAK=full runs the issue's 200 requests over
 32 streams."""
@@ -41,7 +41,7 @@ def test_soak(tiny_model, head, count, streams):
         alone = {i: run_one(up.stub, item) for i, item in enumerate(items) if deterministic(item)}
         run_all(up.stub, items, streams)  # warm-up: the same mix once (allocators settle), then memory is measured
         _idle(up)
-        warm = {name: rss_kib(up.pid(name)) for name in ("router", "target")}
+        warm = {name: rss_kib(up.pid(name)) for name in ("router", "target", "draft")}
         killed = []
 
         def kill_draft_midway(done: int) -> None:
@@ -58,6 +58,7 @@ def test_soak(tiny_model, head, count, streams):
         leaks = _idle(up)
         reliability.leaks(leaks)
         assert not leaks
+        # The draft was restarted: its new process (same head, half the soak) against the old one's warm level.
         after = {name: rss_kib(up.pid(name)) for name in warm}
         codes = {code: sum(r.code == code for r in results) for code in {r.code for r in results}}
         print(f"soak: {count} requests over {streams} streams, outcomes {codes}; RSS MiB after warm-up / after:",

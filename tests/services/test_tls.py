@@ -13,24 +13,16 @@ from tandem.channels import open_channel
 from tandem.models.eagle_io import random_eagle_checkpoint
 from tandem.security.certs import create_dir
 from tandem.security.tls import PLAINTEXT, TlsConfig
-from tandem.testing.tiny import TINY_PROMPTS, build_tiny_model
+from tandem.bench.services import free_port
+from tandem.testing.tiny import TINY_PROMPTS
 from tandem.v1 import engine_pb2 as epb
 from tandem.v1 import engine_pb2_grpc
 from tandem.v1 import generate_pb2 as pb
 from tests.services.harness import identity_tls, start_services
-from tests.services.test_generate import greedy, transformers_greedy
+from tests.services.eagle_fixtures import reference, tiny_model  # noqa: F401 (fixtures)
+from tests.services.test_generate import greedy
 
 KEY = "sk-tandem-test-key-1"
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny1", seed=0, num_layers=1)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model):
-    return transformers_greedy(tiny_model)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +38,7 @@ def services(tiny_model, certs, tmp_path_factory):
     head = random_eagle_checkpoint(tmp_path_factory.mktemp("head") / "head", tiny_model, seed=3, num_layers=1)
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(f"# test keys\n{KEY}\n")
-    health_port = _free_port()
+    health_port = free_port()
     s = start_services(tiny_model, draft_model=head, certs=certs, router={"spec_draft_length": 3, "api_key_file": keys},
                        target={"health_port": health_port})
     s.keys_file, s.target_health_port = keys, health_port
@@ -57,14 +49,6 @@ def services(tiny_model, certs, tmp_path_factory):
 @pytest.fixture
 def secured(services):  # named `services`, the suite's no_leaks check runs after each test
     return services
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _auth(key: str = KEY):
