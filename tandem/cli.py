@@ -7,7 +7,10 @@ import signal
 import sys
 from pathlib import Path
 
-from tandem.envvars import check_flags, env_flag
+from tandem.envvars import check_flags, env_default, env_flag
+from tandem.cli_router import add_router_flags, router_config, router_flag_options  # noqa: F401 (tandem.cli's API)
+from tandem.security.cli_flags import (add_client_tls_flags, add_identity_flags, add_public_security_flags,
+                                       add_tls_flags, certs_parser, identities, tls_config)
 
 # OpenMP workers (torch's CPU build uses GNU libgomp) busy-wait after each parallel region:
 # 300,000 spins by default, milliseconds on these cores. The three services hand the CPU to
@@ -21,10 +24,7 @@ os.environ.setdefault("GOMP_SPINCOUNT", "3000")
 
 def _env(name: str, default):
     """TANDEM_<NAME> from the environment, cast to the default's type."""
-    raw = os.environ.get(f"TANDEM_{name.upper()}")
-    if raw is None:
-        return default
-    return type(default)(raw) if default is not None else raw
+    return env_default(name, default)
 
 
 def _env_flag(name: str):
@@ -106,116 +106,6 @@ def _add_metrics_flag(p: argparse.ArgumentParser, default: int) -> None:
                    help=f"Prometheus /metrics over HTTP on this port (default {default}; 0: off)")
 
 
-def _add_tls_flags(p: argparse.ArgumentParser) -> None:
-    """A service's identity and trust bundle (docs/deploy.md), and its plaintext probe port."""
-    p.add_argument("--tls-cert", default=_env("tls_cert", None),
-                   help="PEM certificate of this service's identity: with --tls-key it serves TLS")
-    p.add_argument("--tls-key", default=_env("tls_key", None), help="PEM private key of --tls-cert")
-    p.add_argument("--tls-ca", default=_env("tls_ca", None),
-                   help="PEM trust bundle: with it the internal port requires client certificates it signed (mutual"
-                        " TLS) and outgoing channels verify servers against it and present --tls-cert")
-    p.add_argument("--health-port", type=int, default=_env("health_port", 0),
-                   help="a plaintext port of its own answering grpc.health.v1 Check only, for probes that present"
-                        " no certificate (0: none)")
-
-
-def _add_identity_flags(p: argparse.ArgumentParser) -> None:
-    from tandem.security.identity import DEFAULT_DRAFT_IDENTITY, DEFAULT_ROUTER_IDENTITY
-
-    p.add_argument("--router-identity", default=_env("router_identity", DEFAULT_ROUTER_IDENTITY),
-                   help="mutual TLS: the certificate name (DNS SAN or CN) of the router, the only caller of steps,"
-                        " drafts and resets")
-    p.add_argument("--draft-identity", default=_env("draft_identity", DEFAULT_DRAFT_IDENTITY),
-                   help="mutual TLS: the certificate name of the draft, the only caller of the target's peer stream")
-
-
-def _add_public_security_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--public-tls-cert", default=_env("public_tls_cert", None),
-                   help="PEM certificate of the public port (default: --tls-cert)")
-    p.add_argument("--public-tls-key", default=_env("public_tls_key", None), help="its key (default: --tls-key)")
-    p.add_argument("--public-tls-client-ca", default=_env("public_tls_client_ca", None),
-                   help="require public clients' certificates signed by this PEM bundle")
-
-
-def tls_config(args):
-    from tandem.security.tls import TlsConfig
-
-    return TlsConfig(*(Path(p) if p else None for p in (args.tls_cert, args.tls_key, args.tls_ca)))
-
-
-def public_tls_config(args):
-    """The public port's TLS: its own files, else the router's identity; never the internal CA."""
-    from tandem.security.tls import TlsConfig
-
-    cert, key = args.public_tls_cert, args.public_tls_key
-    if cert is None and key is None:
-        cert, key = args.tls_cert, args.tls_key
-    return TlsConfig(*(Path(p) if p else None for p in (cert, key, args.public_tls_client_ca)))
-
-
-def identities(args):
-    from tandem.security.identity import Identities
-
-    return Identities(router=args.router_identity, draft=args.draft_identity)
-
-
-def _add_request_limit_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per size cap of a public request (router.limits.RequestLimits documents each)."""
-    from dataclasses import fields
-
-    from router.limits import RequestLimits
-
-    for f in fields(RequestLimits):
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=int, default=_env(f.name, f.default),
-                       help=f"a request's {f.name.removeprefix('max_').replace('_', ' ')} at most"
-                            " (INVALID_ARGUMENT naming the limit past it)")
-
-
-def request_limits(args):
-    from dataclasses import fields
-
-    from router.limits import RequestLimits
-
-    return RequestLimits(**{f.name: getattr(args, f.name) for f in fields(RequestLimits)})
-
-
-def _add_router_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prefill-chunk-size", type=int, default=_env("prefill_chunk_size", 512))
-    p.add_argument("--max-waiting", type=int, default=_env("max_waiting", 1024),
-                   help="requests queued; more get RESOURCE_EXHAUSTED with a grpc-retry-pushback-ms trailer")
-    p.add_argument("--max-running-requests", type=int, default=_env("max_running_requests", 0),
-                   help="requests running at once; later ones wait (0: as the sequence budget allows)")
-    p.add_argument("--max-concurrent-rpcs", type=int, default=_env("max_concurrent_rpcs", 0),
-                   help="calls in flight on the public port; more get RESOURCE_EXHAUSTED (0: no cap)")
-    p.add_argument("--max-connection-age-s", type=float, default=_env("max_connection_age_s", 1800.0),
-                   help="public connections are closed after this long (clients reconnect, spreading over"
-                        " replicas; 0: never)")
-    p.add_argument("--max-connection-age-grace-s", type=float, default=_env("max_connection_age_grace_s", 900.0),
-                   help="calls of an aged connection get this long to finish")
-    p.add_argument("--min-ping-interval-s", type=float, default=_env("min_ping_interval_s", 10.0),
-                   help="public clients pinging more often are disconnected (keepalive enforcement)")
-    p.add_argument("--api-key-file", default=_env("api_key_file", None),
-                   help="the public API requires 'authorization: Bearer <key>' with a key of this file (one a line;"
-                        " re-read when it changes)")
-    p.add_argument("--shutdown-grace-s", type=float, default=_env("shutdown_grace_s", 20.0),
-                   help="on SIGTERM: health NOT_SERVING, new requests UNAVAILABLE, running ones get this long to"
-                        " finish (then they end cancelled)")
-    p.add_argument("--default-max-tokens", type=int, default=_env("default_max_tokens", 1024))
-    p.add_argument("--max-total-sequence-length", type=int, default=_env("max_total_sequence_length", 0),
-                   help="tokens over all live sequences (0: the KV cache's size)")
-    _add_request_limit_flags(p)
-    p.add_argument("--prefix-cache-max-num-recycling-seqs", type=int,
-                   default=_env("prefix_cache_max_num_recycling_seqs", -1),
-                   help="finished sequences the prefix cache keeps (-1: as slots allow, 0: off)")
-
-
-def router_flag_options() -> list[tuple[str, str]]:
-    """(--flag, dest) of every flag _add_router_flags defines: `tandem up` passes each through."""
-    p = argparse.ArgumentParser(add_help=False)
-    _add_router_flags(p)
-    return [(action.option_strings[0], action.dest) for action in p._actions]
-
-
 def target_config(args, model: Path):
     from target_service.config import TargetConfig
 
@@ -234,38 +124,6 @@ def target_config(args, model: Path):
         metrics_port=args.metrics_port,
         tls=tls_config(args),
         identities=identities(args),
-        health_port=args.health_port,
-    )
-
-
-def router_config(args, model: Path):
-    from router.config import RouterConfig
-
-    return RouterConfig(
-        model_dir=model,
-        target_address=args.target,
-        host=args.host,
-        port=args.port,
-        prefill_chunk_size=args.prefill_chunk_size,
-        max_waiting=args.max_waiting,
-        max_running_requests=args.max_running_requests,
-        max_concurrent_rpcs=args.max_concurrent_rpcs,
-        max_connection_age_s=args.max_connection_age_s,
-        max_connection_age_grace_s=args.max_connection_age_grace_s,
-        min_ping_interval_s=args.min_ping_interval_s,
-        shutdown_grace_s=args.shutdown_grace_s,
-        request_limits=request_limits(args),
-        default_max_tokens=args.default_max_tokens,
-        draft_address=args.draft or None,
-        spec_draft_length=args.spec_draft_length,
-        spec_disable_batch_size=args.spec_disable_batch_size,
-        max_num_sequence=getattr(args, "router_max_num_sequence", 0),
-        max_total_sequence_length=args.max_total_sequence_length,
-        prefix_cache_max_num_recycling_seqs=args.prefix_cache_max_num_recycling_seqs,
-        metrics_port=args.metrics_port,
-        tls=tls_config(args),
-        public_tls=public_tls_config(args),
-        api_key_file=Path(args.api_key_file) if args.api_key_file else None,
         health_port=args.health_port,
     )
 
@@ -352,14 +210,6 @@ def cmd_health(args) -> int:
     return health(args.address, args.service, args.timeout, tls=client_tls(args))
 
 
-def cmd_certs(args) -> int:
-    from tandem.security.certs import create_dir
-
-    for path in create_dir(Path(args.dir), hosts=args.host, days=args.days, split=args.split):
-        print(path)
-    return 0
-
-
 def cmd_bench(args) -> int:
     from tandem.bench.plain import run_bench
     from tandem.bench.prefix import run_prefix_bench
@@ -385,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="text, or JSON lines with service, request and trace ids")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_target_parser, _draft_parser, _router_parser, _up_parser, _generate_parser, _health_parser,
-                _certs_parser, _models_parser, _bench_parser, _train_parser):
+                certs_parser, _models_parser, _bench_parser, _train_parser):
         add(sub)
     return parser
 
@@ -401,8 +251,8 @@ def _target_parser(sub) -> None:
     p.add_argument("--host", default=_env("target_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("target_port", 50052))
     _add_metrics_flag(p, 9401)
-    _add_tls_flags(p)
-    _add_identity_flags(p)
+    add_tls_flags(p)
+    add_identity_flags(p)
     p.set_defaults(func=cmd_target)
 
 
@@ -420,15 +270,15 @@ def _draft_parser(sub) -> None:
     p.add_argument("--host", default=_env("draft_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("draft_port", 50053))
     _add_metrics_flag(p, 9402)
-    _add_tls_flags(p)
-    _add_identity_flags(p)
+    add_tls_flags(p)
+    add_identity_flags(p)
     p.set_defaults(func=cmd_draft)
 
 
 def _router_parser(sub) -> None:
     p = sub.add_parser("router", help="the router (public API)")
     _add_model_flags(p)
-    _add_router_flags(p)
+    add_router_flags(p)
     _add_spec_flags(p)
     p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"))
     p.add_argument("--draft", default=_env("draft_address", ""), help="draft service address (empty: plain decoding)")
@@ -438,8 +288,8 @@ def _router_parser(sub) -> None:
     p.add_argument("--host", default=_env("router_host", "0.0.0.0"))
     p.add_argument("--port", type=int, default=_env("router_port", 50051))
     _add_metrics_flag(p, 9400)
-    _add_tls_flags(p)
-    _add_public_security_flags(p)
+    add_tls_flags(p)
+    add_public_security_flags(p)
     p.set_defaults(func=cmd_router)
 
 
@@ -450,7 +300,7 @@ def _up_parser(sub) -> None:
     p = sub.add_parser("up", help="target + router (+ draft) as local processes")
     _add_model_flags(p)
     _add_target_flags(p)
-    _add_router_flags(p)
+    add_router_flags(p)
     _add_spec_flags(p, default=None, help=f"draft tokens per step (k; default: {CPU_SHAPE.k} on CPU, {GPU_SHAPE.k}"
                                           " on GPUs, tandem.models.heads says why)")
     p.add_argument("--draft", default=_env("draft", "auto"), choices=["auto", "none", *sorted(DRAFT_METHODS)],
@@ -485,16 +335,8 @@ def _generate_parser(sub) -> None:
     p.add_argument("--n", type=int, default=1, help="completions of the prompt (prefilled once)")
     p.add_argument("--stop", action="append", default=[])
     p.add_argument("--api-key", default=_env("api_key", None), help="sent as 'authorization: Bearer <key>'")
-    _add_client_tls_flags(p)
+    add_client_tls_flags(p)
     p.set_defaults(func=cmd_generate)
-
-
-def _add_client_tls_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tls-ca", default=_env("tls_ca", None), help="verify the server against this PEM bundle (TLS)")
-    p.add_argument("--tls-cert", default=_env("tls_cert", None), help="present this PEM certificate (mutual TLS)")
-    p.add_argument("--tls-key", default=_env("tls_key", None), help="the key of --tls-cert")
-    p.add_argument("--tls-dir", default=_env("tls_dir", None),
-                   help="a `tandem certs create` folder: ca.pem, client.pem and client-key.pem unless given above")
 
 
 def _health_parser(sub) -> None:
@@ -502,23 +344,8 @@ def _health_parser(sub) -> None:
     p.add_argument("address")
     p.add_argument("--service", default="")
     p.add_argument("--timeout", type=float, default=3.0)
-    _add_client_tls_flags(p)
+    add_client_tls_flags(p)
     p.set_defaults(func=cmd_health)
-
-
-def _certs_parser(sub) -> None:
-    from tandem.security.certs import VALID_DAYS
-
-    p = sub.add_parser("certs", help="development certificates for TLS and mutual TLS between the services")
-    p.add_argument("action", choices=["create"])
-    p.add_argument("dir", help="folder for ca.pem and {router,target,draft,client}.pem with their -key.pem")
-    p.add_argument("--host", action="append", default=[],
-                   help="another name or address the services are dialled by (localhost, 127.0.0.1 and ::1 are in)")
-    p.add_argument("--days", type=int, default=VALID_DAYS)
-    p.add_argument("--split", action="store_true",
-                   help="each identity's pair and ca.pem in DIR/<identity>/ (one folder to give each service; the CA's"
-                        " key stays in DIR)")
-    p.set_defaults(func=cmd_certs)
 
 
 def _models_parser(sub) -> None:

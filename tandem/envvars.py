@@ -36,3 +36,11 @@ def check_flags(args) -> None:
     for value in vars(args).values():
         if isinstance(value, BadFlag):
             raise SystemExit(value.message)
+
+
+def env_default(name: str, default):
+    """TANDEM_<NAME> from the environment, cast to the default's type (None: as it is)."""
+    raw = os.environ.get(f"TANDEM_{name.upper()}")
+    if raw is None:
+        return default
+    return type(default)(raw) if default is not None else raw

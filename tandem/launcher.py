@@ -84,8 +84,8 @@ def client_tls(tls_dir: Path | None) -> TlsConfig:
 
 
 def router_flags(args) -> list[str]:
-    """Every flag the router's command shares with `tandem up` (cli._add_router_flags), as given."""
-    from tandem.cli import router_flag_options
+    """Every flag the router's command shares with `tandem up` (cli_router.add_router_flags), as given."""
+    from tandem.cli_router import router_flag_options
 
     out = []
     for option, dest in router_flag_options():

@@ -107,7 +107,8 @@ def test_configuration_reaches_what_the_services_read(config):
 
 def test_compose_environment_names_are_flags_fallbacks(config):
     """Every TANDEM_* variable compose sets is one the CLI reads (a typo would be ignored)."""
-    source = (ROOT / "tandem" / "cli.py").read_text() + (ROOT / "tandem" / "models" / "fetch.py").read_text()
+    flag_modules = ("cli.py", "cli_router.py", "security/cli_flags.py", "models/fetch.py")
+    source = "".join((ROOT / "tandem" / name).read_text() for name in flag_modules)
     for name in TANDEM_SERVICES | ONE_SHOT:
         for var in config["services"][name].get("environment", {}):
             if var.startswith("TANDEM_") and var != "TANDEM_HOME":
