@@ -52,8 +52,8 @@ class RouterConfig:
     metrics_port: int = 0
     # The router's identity and trust bundle for its channels to the target and the draft.
     tls: TlsConfig = PLAINTEXT
-    # The public port: TLS with this certificate (the CLI defaults it to `tls`'s), client
-    # certificates required when it has a CA (never `tls`'s: public clients are not services).
+    # The public port: TLS with this certificate, client certificates required when it has a CA
+    # (never `tls`'s: public clients are not the services).
     public_tls: TlsConfig = PLAINTEXT
     # Keys the public API requires (`authorization: Bearer <key>`), one a line; None: open.
     api_key_file: Path | None = None

@@ -76,6 +76,13 @@ def identity_flags(tls_dir: Path | None, name: str) -> list[str]:
             "--tls-ca", str(tls_dir / "ca.pem")]
 
 
+def public_tls_flags(tls_dir: Path | None) -> list[str]:
+    """TLS on the public port with the router's certificate (clients verify it against the CA)."""
+    if tls_dir is None:
+        return []
+    return ["--public-tls-cert", str(tls_dir / "router.pem"), "--public-tls-key", str(tls_dir / "router-key.pem")]
+
+
 def client_tls(tls_dir: Path | None) -> TlsConfig:
     """How `tandem up` checks its services' health: as the development client."""
     if tls_dir is None:
@@ -119,6 +126,7 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
         "--spec-disable-batch-size", str(args.spec_disable_batch_size),
         "--metrics-port", str(args.router_metrics_port),
         *identity_flags(tls_dir, "router"),
+        *public_tls_flags(tls_dir),
     ]
     draft = None
     if args.draft != "none":

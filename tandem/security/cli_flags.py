@@ -33,8 +33,9 @@ def add_identity_flags(p: argparse.ArgumentParser) -> None:
 
 def add_public_security_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--public-tls-cert", default=_env("public_tls_cert", None),
-                   help="PEM certificate of the public port (default: --tls-cert)")
-    p.add_argument("--public-tls-key", default=_env("public_tls_key", None), help="its key (default: --tls-key)")
+                   help="PEM certificate of the public port: with --public-tls-key it serves TLS (the router's"
+                        " own --tls-* are for its channels to the target and the draft)")
+    p.add_argument("--public-tls-key", default=_env("public_tls_key", None), help="the key of --public-tls-cert")
     p.add_argument("--public-tls-client-ca", default=_env("public_tls_client_ca", None),
                    help="require public clients' certificates signed by this PEM bundle")
 
@@ -46,13 +47,12 @@ def tls_config(args):
 
 
 def public_tls_config(args):
-    """The public port's TLS: its own files, else the router's identity; never the internal CA."""
+    """The public port's TLS: its own files only (TLS may end at a load balancer in front of a
+    router whose internal channels are mutual TLS); never the internal CA."""
     from tandem.security.tls import TlsConfig
 
-    cert, key = args.public_tls_cert, args.public_tls_key
-    if cert is None and key is None:
-        cert, key = args.tls_cert, args.tls_key
-    return TlsConfig(*(Path(p) if p else None for p in (cert, key, args.public_tls_client_ca)))
+    files = (args.public_tls_cert, args.public_tls_key, args.public_tls_client_ca)
+    return TlsConfig(*(Path(p) if p else None for p in files))
 
 
 def identities(args):

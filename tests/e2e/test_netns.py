@@ -1,6 +1,7 @@
 """The target and the draft on two hosts: two network namespaces joined by a veth pair, the link
 cut and restored mid-load. Requests complete with their outputs unchanged; speculation goes off
-while the draft is unreachable and comes back once the link is.
+while the draft is unreachable and comes back once the link is. Every channel between the
+services is mutual TLS (certificates naming the namespaces' addresses), as across real hosts.
 
 Namespace T holds the target and the router (on its loopback) and 10.203.0.1/30; namespace D
 the draft and 10.203.0.2/30. Nothing is added to the host's own namespace. Needs root and
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tandem.models.eagle_io import random_eagle_checkpoint
+from tandem.security.certs import create_dir
 from tests import reliability
 from tests.e2e.faults import PROMPTS, ROOT, wait_for
 
@@ -38,6 +40,7 @@ class Link:
         self.target_ns, self.draft_ns = f"tandem-t-{tag}", f"tandem-d-{tag}"
         self.target_dev, self.draft_dev = f"tdm{tag}t", f"tdm{tag}d"
         self.made: list[str] = []
+        self.certs: Path | None = None  # the services' certificates (the fixture's)
 
     def open(self) -> None:
         for ns in (self.target_ns, self.draft_ns):
@@ -87,23 +90,31 @@ def link(tmp_path):
         link.close()
 
 
+def _identity(certs: Path, name: str) -> tuple[str, ...]:
+    return ("--tls-cert", str(certs / f"{name}.pem"), "--tls-key", str(certs / f"{name}-key.pem"),
+            "--tls-ca", str(certs / "ca.pem"))
+
+
 @pytest.fixture
 def services(link, tiny_model, tmp_path):
     head = random_eagle_checkpoint(tmp_path / "head", tiny_model, seed=1)
+    certs = tmp_path / "certs"
+    create_dir(certs, hosts=[TARGET_IP, DRAFT_IP])
+    link.certs = certs
     common = ("--model", str(tiny_model), "--metrics-port", "0")
     procs = []
     try:
         procs.append(link.spawn(link.target_ns, "tandem.cli", "target", *common, "--host", "0.0.0.0",
-                                "--port", str(TARGET)))
+                                "--port", str(TARGET), *_identity(certs, "target")))
         _wait_serving(link, link.target_ns, TARGET, procs)
         procs.append(link.spawn(link.draft_ns, "tandem.cli", "draft", *common, "--method", "eagle",
                                 "--draft-model", str(head), "--host", "0.0.0.0", "--port", str(DRAFT),
-                                "--target", f"{TARGET_IP}:{TARGET}"))
+                                "--target", f"{TARGET_IP}:{TARGET}", *_identity(certs, "draft")))
         _wait_serving(link, link.draft_ns, DRAFT, procs)
         procs.append(link.spawn(link.target_ns, "tandem.cli", "router", *common, "--host", "127.0.0.1",
                                 "--port", str(ROUTER), "--target", f"127.0.0.1:{TARGET}",
                                 "--draft", f"{DRAFT_IP}:{DRAFT}", "--spec-draft-length", "3",
-                                "--spec-disable-batch-size", "64"))
+                                "--spec-disable-batch-size", "64", *_identity(certs, "router")))
         _wait_serving(link, link.target_ns, ROUTER, procs)
         yield link
     finally:
@@ -119,7 +130,8 @@ def services(link, tiny_model, tmp_path):
 def _wait_serving(link: Link, ns: str, port: int, procs) -> None:
     def up() -> bool:
         assert all(p.poll() is None for p in procs), "a service exited at start"
-        return link.run(ns, "tandem.cli", "health", f"127.0.0.1:{port}", "--timeout", "1").returncode == 0
+        tls = ("--tls-dir", str(link.certs)) if port != ROUTER else ()  # the router's public port: plaintext here
+        return link.run(ns, "tandem.cli", "health", f"127.0.0.1:{port}", "--timeout", "1", *tls).returncode == 0
 
     wait_for(up, 120, f"127.0.0.1:{port} in {ns} to serve", step_s=0.5)
 
