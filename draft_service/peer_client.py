@@ -8,7 +8,7 @@ import threading
 import grpc
 import torch
 
-from tandem import codec
+from tandem import peer_codec
 from tandem.errors import Unavailable
 from tandem.channels import open_channel
 from tandem.peer import DraftProbs, HiddenPairs, one_torch_thread
@@ -106,7 +106,7 @@ class DraftPeer:
         outgoing = self._outgoing
         if outgoing is not None:
             out, columns = outgoing
-            out.put(codec.draft_probs_to_pb(probs, columns))
+            out.put(peer_codec.draft_probs_to_pb(probs, columns))
 
     def _run(self) -> None:
         one_torch_thread()  # it decodes hidden states while the target computes
@@ -140,13 +140,13 @@ class DraftPeer:
             self._begin_stream(info.instance_id)
             out: queue.Queue = queue.Queue()
             columns = self.columns
-            out.put(codec.peer_hello_to_pb(self.feature_layers, columns))  # before any rows on the columns
+            out.put(peer_codec.peer_hello_to_pb(self.feature_layers, columns))  # before any rows on the columns
             self._outgoing = (out, columns)
             requests = iter(out.get, None)
             stream = engine_pb2_grpc.TargetEngineStub(channel).Peer(requests)
             try:
                 for message in stream:  # the first one is the target's hello: attached
-                    self._receive(codec.hidden_step_from_pb(message, self.device))
+                    self._receive(peer_codec.hidden_step_from_pb(message, self.device))
             finally:
                 self._outgoing = None
                 out.put(None)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from jinja2 import TemplateError, TemplateSyntaxError, UndefinedError
 
+from router.hf_tokenizer import FastTokenizer
 from tandem.errors import FailedPrecondition, InvalidArgument
 
 CHAT_ROLES = ("system", "user", "assistant")
@@ -13,9 +14,7 @@ CHAT_ROLES = ("system", "user", "assistant")
 
 class Tokenizer:
     def __init__(self, model_dir: Path):
-        from transformers import AutoTokenizer
-
-        self.hf = AutoTokenizer.from_pretrained(model_dir)
+        self.hf = FastTokenizer(model_dir)  # not transformers': it would import torch into the router
         self.eos_token_ids = _eos_ids(Path(model_dir), self.hf)
         # The first call turns off a truncation or padding its tokenizer.json may set, a write to
         # the Rust tokenizer; made here, so that later encodes (in threads) and decodes (on the
@@ -34,7 +33,7 @@ class Tokenizer:
                 raise InvalidArgument(f"messages[{i}].role = {role!r}: must be one of {CHAT_ROLES}")
         chat = [{"role": r, "content": c} for r, c in messages]
         try:
-            text = self.hf.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+            text = self.hf.apply_chat_template(chat, add_generation_prompt=True)
         except (TemplateSyntaxError, UndefinedError) as e:  # the template itself is broken
             raise FailedPrecondition(f"the model's chat template fails: {e}") from e
         except TemplateError as e:  # its raise_exception: e.g. turns that do not alternate

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import torch
 
-from tandem import codec
+from tandem import codec, peer_codec
 from tandem.errors import InvalidArgument
 from tandem.grpc_server import answer_each
 from tandem.peer import DraftProbs, HiddenStep, TargetPeer, one_torch_thread
@@ -65,7 +65,7 @@ class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
         layers = ()
         if first.HasField("hello"):
             try:
-                layers = codec.feature_layers_from_pb(first.hello, config.num_layers)
+                layers = peer_codec.feature_layers_from_pb(first.hello, config.num_layers)
             except InvalidArgument as e:
                 logging.getLogger(__name__).error("target: draft peer refused: %s", e)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -83,7 +83,7 @@ class TargetServicer(engine_pb2_grpc.TargetEngineServicer):
                     continue
                 if item is TargetPeer.CLOSED:
                     return
-                yield codec.hidden_step_to_pb(item)
+                yield peer_codec.hidden_step_to_pb(item)
         finally:
             peer.detach(out)
 
@@ -108,7 +108,7 @@ def _read_probs(peer: TargetPeer, request_iterator, out: queue.Queue, vocab_size
                     columns = _stream_columns(message)
                     if not message.seqs:
                         continue
-                probs = codec.draft_probs_from_pb(message, columns=columns, vocab_size=vocab_size)
+                probs = peer_codec.draft_probs_from_pb(message, columns=columns, vocab_size=vocab_size)
             except InvalidArgument as e:  # the stream stays; that step verifies its drafts as top-k
                 logging.getLogger(__name__).warning("target: draft step %d's probabilities dropped: %s",
                                                     message.draft_step_id, e)
@@ -127,7 +127,7 @@ def _stream_columns(message) -> torch.Tensor | None:
     """The draft's columns, or None when they are malformed (its rows on them are then dropped,
     and their steps verify as top-k)."""
     try:
-        return codec.columns_from_pb(message)
+        return peer_codec.columns_from_pb(message)
     except InvalidArgument as e:
         logging.getLogger(__name__).warning("target: draft columns dropped: %s", e)
         return None

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from draft_service.peer_client import DraftPeer
-from tandem import codec
+from tandem import peer_codec
 from tandem.models.config import ModelConfig
 from tandem.models.eagle3 import random_eagle3_checkpoint
 from tandem.ops import AddSequence, EntryKind, StepEntry, StepRequest
@@ -79,7 +79,7 @@ def test_a_hello_naming_layers_the_target_lacks_is_refused(tiny_model, reference
     s = start_services(tiny_model)
     try:
         with pytest.raises(grpc.RpcError) as err:
-            with peer_stream(s.target_port, [codec.peer_hello_to_pb((0, 7))]):
+            with peer_stream(s.target_port, [peer_codec.peer_hello_to_pb((0, 7))]):
                 pass
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "draft feature layers [7] are outside the target's 2 layers" in err.value.details()

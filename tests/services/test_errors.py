@@ -102,7 +102,7 @@ def test_malformed_draft_probabilities_are_dropped_and_the_peer_stream_stays_up(
     same stream is read."""
     import torch
 
-    from tandem import codec
+    from tandem import peer_codec
     from tandem.peer import DraftProbs
     from target_service.config import TargetConfig
     from target_service.server import start_target
@@ -110,11 +110,11 @@ def test_malformed_draft_probabilities_are_dropped_and_the_peer_stream_stays_up(
     server, _, port, engine, _ = start_target(TargetConfig(model_dir=tiny_model, port=0, kv_cache_tokens=256, kv_page_size=8))
     rows = torch.zeros(3, engine.model.config.vocab_size, dtype=torch.float16)
     rows[0] = 0.002  # one row of three: sent row-sparse
-    bad = codec.draft_probs_to_pb(DraftProbs(5, {1: rows}))
+    bad = peer_codec.draft_probs_to_pb(DraftProbs(5, {1: rows}))
     bad.seqs[0].rows[0] = 7  # past the 3 rows
-    other_vocab = codec.draft_probs_to_pb(DraftProbs(6, {1: rows[:, :50]}))
+    other_vocab = peer_codec.draft_probs_to_pb(DraftProbs(6, {1: rows[:, :50]}))
     try:
-        with peer_stream(port, [bad, other_vocab, codec.draft_probs_to_pb(DraftProbs(7, {1: rows}))]):
+        with peer_stream(port, [bad, other_vocab, peer_codec.draft_probs_to_pb(DraftProbs(7, {1: rows}))]):
             assert engine.peer.take_probs(5, timeout=10) == {} and engine.peer.take_probs(6, timeout=10) == {}
             assert torch.equal(engine.peer.take_probs(7, timeout=10)[1], rows)
         reliability.bad_inputs(2)

@@ -8,7 +8,7 @@ import shutil
 import torch
 
 from draft_service.peer_client import DraftPeer
-from tandem import codec
+from tandem import peer_codec
 from tandem.models.config import ModelConfig
 from tandem.models.eagle_io import write_draft_vocab
 from tandem.peer import DraftProbs
@@ -44,7 +44,7 @@ def test_a_pruned_vocabulary_travels_as_columns_and_arrives_whole(tiny_model):
         outside[2, 0] = 0.5  # mass outside the columns: sent as plain rows, still whole
         peer.send_probs(DraftProbs(2, {4: outside}))
         assert torch.equal(engine.peer.take_probs(2, timeout=10)[4], outside)
-        wire = codec.draft_probs_to_pb(DraftProbs(1, {4: rows}), columns)
+        wire = peer_codec.draft_probs_to_pb(DraftProbs(1, {4: rows}), columns)
         assert wire.seqs[0].on_columns and wire.ByteSize() < 2 * len(columns) * 2 + 200
     finally:
         peer.stop()
@@ -56,8 +56,8 @@ def test_rows_on_columns_the_stream_never_sent_are_dropped_and_the_stream_stays_
     vocab = engine.info().vocab_size
     columns = torch.arange(0, vocab, 2)
     rows = _proposal_rows(vocab, columns)
-    messages = [codec.draft_probs_to_pb(DraftProbs(5, {1: rows}), columns),  # before any columns
-                codec.columns_to_pb(columns), codec.draft_probs_to_pb(DraftProbs(6, {1: rows}), columns)]
+    messages = [peer_codec.draft_probs_to_pb(DraftProbs(5, {1: rows}), columns),  # before any columns
+                peer_codec.columns_to_pb(columns), peer_codec.draft_probs_to_pb(DraftProbs(6, {1: rows}), columns)]
     try:
         with peer_stream(port, messages):
             assert engine.peer.take_probs(5, timeout=10) == {}
@@ -75,8 +75,8 @@ def test_a_pruned_eagle_tree_sends_its_sampled_proposals_on_columns(tiny_model, 
     vocab = ModelConfig.from_folder(tiny_model).vocab_size
     write_draft_vocab(head, torch.arange(0, vocab, 2), vocab)
     received, verified = [], []
-    rebuild = codec._columns_from_pb
-    monkeypatch.setattr(codec, "_columns_from_pb", lambda *a: received.append(1) or rebuild(*a))
+    rebuild = peer_codec._columns_from_pb
+    monkeypatch.setattr(peer_codec, "_columns_from_pb", lambda *a: received.append(1) or rebuild(*a))
     s = start_services(tiny_model, draft_model=head, router={"spec_draft_length": 3},
                        draft={"shape": "tree", "tree_top_k": 2, "tree_node_budget": 4})
     verify_tree = s.target_engine._verify_tree

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from draft_service.peer_client import DraftPeer
-from tandem import codec
+from tandem import peer_codec
 from tandem.peer import DraftProbs, TargetPeer
 from target_service.servicer import _read_probs
 
@@ -29,7 +29,7 @@ def test_the_targets_reader_of_draft_probabilities_uses_one_torch_thread():
         def put_probs(self, message):
             seen.append((message.draft_step_id, torch.get_num_threads()))
 
-    message = codec.draft_probs_to_pb(DraftProbs(5, {3: torch.softmax(torch.randn(1, 100), -1)}))
+    message = peer_codec.draft_probs_to_pb(DraftProbs(5, {3: torch.softmax(torch.randn(1, 100), -1)}))
     reader = threading.Thread(target=_read_probs, args=(Peer(), iter([message]), queue.Queue(), 100))
     reader.start()
     reader.join()
