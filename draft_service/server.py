@@ -14,9 +14,9 @@ from draft_service.medusa_engine import MedusaDraftEngine
 from draft_service.methods import DRAFT_METHODS, load_draft_head
 from draft_service.peer_client import DraftPeer
 from draft_service.servicer import SERVICE_NAME, DraftServicer
-from target_service.servicer import compute_thread
 from tandem.errors import InvalidArgument
 from tandem.channels import bind, make_server
+from tandem.compute import compute_thread
 from tandem.grpc_server import add_health_and_reflection, serve_until_signal
 from tandem.security.identity import draft_policy
 from tandem.metrics import engine_collector, serve_metrics

@@ -16,7 +16,7 @@ class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
                  shape: str = "chain", tracing: Tracing | None = None):
         self.engine = engine
         self.tracing = tracing or Tracing.off()
-        self._compute = compute  # the thread that built the engine (target_service.servicer.compute_thread)
+        self._compute = compute  # the thread that built the engine (tandem.compute.compute_thread)
         self.method = method
         self.model = model
         self.max_draft_tokens = max_draft_tokens  # 0: the router's k (an EAGLE chain)

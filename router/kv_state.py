@@ -44,9 +44,6 @@ class KvState:
         """Pages a new sequence's first `num_tokens` take at most, whatever it forks from."""
         return pages_for(num_tokens, self.pages.page_size) + 1
 
-    def can_evict(self) -> bool:
-        return self.cache.num_recycled() > 0
-
     # -- new sequences ------------------------------------------------------------------------
 
     def add_root(

@@ -185,10 +185,6 @@ def stats_to_pb(s: EngineStats) -> pb.EngineStats:
     return pb.EngineStats(**{f: getattr(s, f) for f in _STATS_FIELDS}, step_seconds=latency_to_pb(s.step_seconds))
 
 
-def stats_from_pb(m: pb.EngineStats) -> EngineStats:
-    return EngineStats(**{f: getattr(m, f) for f in _STATS_FIELDS}, step_seconds=latency_from_pb(m.step_seconds))
-
-
 def latency_to_pb(s: LatencySummary) -> generate_pb2.LatencySummary:
     return generate_pb2.LatencySummary(count=s.count, sum=s.sum, p50=s.p50, p90=s.p90, p99=s.p99)
 

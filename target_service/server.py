@@ -13,7 +13,8 @@ from tandem.telemetry.tracing import Tracing, setup_tracing
 from tandem.v1 import engine_pb2_grpc
 from target_service.config import TargetConfig
 from target_service.engine import TargetEngine
-from target_service.servicer import SERVICE_NAME, TargetServicer, compute_thread
+from target_service.servicer import SERVICE_NAME, TargetServicer
+from tandem.compute import compute_thread
 
 log = logging.getLogger(__name__)
 

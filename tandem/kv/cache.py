@@ -29,10 +29,6 @@ class PagedKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.page_size = page_size
 
-    @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-
     def apply_copies(self, copies: Sequence[PageCopy]) -> None:
         for copy in copies:
             src = copy.src * self.page_size
