@@ -49,15 +49,19 @@ def resolve_model(args) -> Path:
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=_env("model", None), help="HF safetensors folder (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default=_env("dtype", "float32"), choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default=_env("dtype", "float32"), choices=["float32", "bfloat16"],
+                   help="weights and activations (greedy output equals the target alone's in float32)")
 
 
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default=_env("device", "cpu"))
-    p.add_argument("--kv-page-size", type=int, default=_env("kv_page_size", 16))
-    p.add_argument("--kv-cache-tokens", type=int, default=_env("kv_cache_tokens", 32768))
-    p.add_argument("--max-num-sequence", type=int, default=_env("max_num_sequence", 64))
-    p.add_argument("--max-context-length", type=int, default=_env("max_context_length", 0))
+    p.add_argument("--device", default=_env("device", "cpu"), help="cpu, cuda or cuda:N")
+    p.add_argument("--kv-page-size", type=int, default=_env("kv_page_size", 16), help="tokens per KV cache page")
+    p.add_argument("--kv-cache-tokens", type=int, default=_env("kv_cache_tokens", 32768),
+                   help="tokens of KV the paged cache holds over all sequences")
+    p.add_argument("--max-num-sequence", type=int, default=_env("max_num_sequence", 64),
+                   help="sequences held at once (running, parents, recycled)")
+    p.add_argument("--max-context-length", type=int, default=_env("max_context_length", 0),
+                   help="a sequence's tokens at most (0: the model's max_position_embeddings)")
     p.add_argument("--threads", type=int, default=_env("threads", 0), help="torch threads (0: default)")
     p.add_argument("--enforce-eager", action="store_true", default=_env_flag("enforce_eager"),
                    help="no CUDA graphs: every step runs eagerly (graphs are captured on CUDA devices only)")
@@ -230,7 +234,7 @@ def _exit_on_sigterm(signum, _frame) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description="speculative-decoding LLM server")
-    parser.add_argument("--log-level", default=_env("log_level", "INFO"))
+    parser.add_argument("--log-level", default=_env("log_level", "INFO"), help="DEBUG, INFO, WARNING or ERROR")
     parser.add_argument("--log-format", default=_env("log_format", "text"), choices=["text", "json"],
                         help="text, or JSON lines with service, request and trace ids")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -248,8 +252,8 @@ def _target_parser(sub) -> None:
     p = sub.add_parser("target", help="the target (base model) service")
     _add_model_flags(p)
     _add_target_flags(p)
-    p.add_argument("--host", default=_env("target_host", "0.0.0.0"))
-    p.add_argument("--port", type=int, default=_env("target_port", 50052))
+    p.add_argument("--host", default=_env("target_host", "0.0.0.0"), help="address to listen on")
+    p.add_argument("--port", type=int, default=_env("target_port", 50052), help="gRPC port")
     _add_metrics_flag(p, 9401)
     add_tls_flags(p)
     add_identity_flags(p)
@@ -267,8 +271,8 @@ def _draft_parser(sub) -> None:
     p.add_argument("--draft-model", default=_env("draft_model", None),
                    help="draft head checkpoint folder (--method eagle: an EAGLE-1/2 or EAGLE-3 head, told apart by its files)")
     p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"), help="target, for the peer stream")
-    p.add_argument("--host", default=_env("draft_host", "0.0.0.0"))
-    p.add_argument("--port", type=int, default=_env("draft_port", 50053))
+    p.add_argument("--host", default=_env("draft_host", "0.0.0.0"), help="address to listen on")
+    p.add_argument("--port", type=int, default=_env("draft_port", 50053), help="gRPC port")
     _add_metrics_flag(p, 9402)
     add_tls_flags(p)
     add_identity_flags(p)
@@ -285,8 +289,8 @@ def _router_parser(sub) -> None:
     p.add_argument("--max-num-sequence", dest="router_max_num_sequence", type=int,
                    default=_env("router_max_num_sequence", 0),
                    help="sequence budget of a step, k + 1 per speculating sequence (0: the target's)")
-    p.add_argument("--host", default=_env("router_host", "0.0.0.0"))
-    p.add_argument("--port", type=int, default=_env("router_port", 50051))
+    p.add_argument("--host", default=_env("router_host", "0.0.0.0"), help="address to listen on")
+    p.add_argument("--port", type=int, default=_env("router_port", 50051), help="gRPC port")
     _add_metrics_flag(p, 9400)
     add_tls_flags(p)
     add_public_security_flags(p)
@@ -311,7 +315,7 @@ def _up_parser(sub) -> None:
     p.add_argument("--draft-model", default=_env("draft_model", None),
                    help="draft head checkpoint folder (default model: the shipped heads/<method>-smollm2-135m)")
     p.add_argument("--draft-port", type=int, default=_env("draft_port", 50053))
-    p.add_argument("--host", default=_env("host", "127.0.0.1"))
+    p.add_argument("--host", default=_env("host", "127.0.0.1"), help="address to listen on")
     p.add_argument("--router-port", type=int, default=_env("router_port", 50051))
     p.add_argument("--target-port", type=int, default=_env("target_port", 50052))
     for name, default in (("router", 9400), ("target", 9401), ("draft", 9402)):

@@ -29,7 +29,8 @@ def request_limits(args):
 
 
 def add_router_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prefill-chunk-size", type=int, default=_env("prefill_chunk_size", 512))
+    p.add_argument("--prefill-chunk-size", type=int, default=_env("prefill_chunk_size", 512),
+                   help="prompt tokens per step; longer prompts are prefilled in chunks")
     p.add_argument("--max-waiting", type=int, default=_env("max_waiting", 1024),
                    help="requests queued; more get RESOURCE_EXHAUSTED with a grpc-retry-pushback-ms trailer")
     p.add_argument("--max-running-requests", type=int, default=_env("max_running_requests", 0),
@@ -49,7 +50,8 @@ def add_router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-grace-s", type=float, default=_env("shutdown_grace_s", 20.0),
                    help="on SIGTERM: health NOT_SERVING, new requests UNAVAILABLE, running ones get this long to"
                         " finish (then they end cancelled)")
-    p.add_argument("--default-max-tokens", type=int, default=_env("default_max_tokens", 1024))
+    p.add_argument("--default-max-tokens", type=int, default=_env("default_max_tokens", 1024),
+                   help="max_tokens of a request that leaves it unset (clipped to the context and the KV cache)")
     p.add_argument("--max-total-sequence-length", type=int, default=_env("max_total_sequence_length", 0),
                    help="tokens over all live sequences (0: the KV cache's size)")
     add_request_limit_flags(p)
