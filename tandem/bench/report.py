@@ -1,4 +1,4 @@
-"""The markdown summary of a speculation bench report (for README.md's Benchmarks section)."""
+"""The markdown summary of a speculation bench report (for docs/benchmarks.md)."""
 
 from tandem.loops import LOOP_RULE
 

@@ -4,7 +4,7 @@ default.
 `--draft auto` drafts with the shipped EAGLE head on GPUs, where a verify pass of a few dozen
 tokens costs about what one token does, in an EAGLE-2 dynamic tree of depth 4 that keeps the 30
 most probable nodes of each frontier node's top-8 children. Served on the first 10 MT-bench
-questions x 96 tokens (head v4, fp32 target; `tandem bench --mode shapes`, README Benchmarks),
+questions x 96 tokens (head v4, fp32 target; `tandem bench --mode shapes`, docs/benchmarks.md),
 that tree accepts 1.98 tokens per verify greedy and 1.55 at temperature 1, against 1.46 and
 1.45 for a chain of 4 (a 16-node top-4 tree: 1.77 and 1.41). Both take 4 draft rounds a step;
 the tree's are wider. With head v5 on all 80 questions x 128 tokens (`tandem bench --mode spec`)
@@ -21,7 +21,7 @@ greedy, one stream: plain decoding 41.2 tok/s, that tree 50.1 (1.22x plain, 2.26
 `generate`), accepting 1.78 tokens a verify, and 1.29x / 2.52x once the draft's own step was cut
 (int8 projections, ranking the pruned vocabulary); a chain of 2 46.2 (1.12x); on 16 questions the
 depth-1 tree of 2 nodes that was the CPU shape before gave 1.12x against this one's 1.21x
-(README: Benchmarks). Until the services bounded OpenMP's busy-waiting (tandem.cli) every shape
+(docs/benchmarks.md). Until the services bounded OpenMP's busy-waiting (tandem.cli) every shape
 lost on CPU (0.71-0.83x on the same machine), which is why CPUs decoded plainly by default.
 Medusa on a CPU takes the same depth and node count of its own tree.
 """
@@ -56,7 +56,7 @@ def default_draft(model_given: bool) -> str:
 
 def lm_head_quant(asked: str, device: str) -> str:
     """--draft-lm-head-quant made concrete: auto is int8 on CPU, where the draft's lm_head is
-    most of a draft step's bytes (README: Benchmarks), and none elsewhere."""
+    most of a draft step's bytes (docs/benchmarks.md), and none elsewhere."""
     if asked != "auto":
         return asked
     return "int8" if device == "cpu" else "none"
@@ -64,7 +64,7 @@ def lm_head_quant(asked: str, device: str) -> str:
 
 def head_quant(asked: str, device: str, method: str) -> str:
     """--draft-head-quant made concrete: auto is int8 for an EAGLE head on CPU, whose own
-    projections a draft step reads once a pass (README: Benchmarks), and none elsewhere."""
+    projections a draft step reads once a pass (docs/benchmarks.md), and none elsewhere."""
     return lm_head_quant(asked, device) if asked != "auto" or method == "eagle" else "none"
 
 
