@@ -60,6 +60,10 @@ class DraftConfig:
     identities: Identities = Identities()
     health_port: int = 0
 
+    @property
+    def is_tree(self) -> bool:
+        return self.shape == "tree"
+
     def __post_init__(self) -> None:
         if self.shape not in ("chain", "tree"):
             raise InvalidArgument(f"shape must be 'chain' or 'tree', got {self.shape!r}")

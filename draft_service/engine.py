@@ -198,7 +198,7 @@ class DraftEngine:
             if s not in start:  # no new pairs: it starts from the pair a settle absorbed
                 start[s] = self._seqs[s].settled
         tokens = {s.seq_id: () for s in request.seqs}
-        if self.config.shape == "tree":
+        if self.config.is_tree:
             parents = dict(tokens)
             trees, sampled = self._trees(start, k, request.draft_step_id)
             for s, tree in trees.items():
@@ -221,7 +221,7 @@ class DraftEngine:
 
     def _speculative_bound(self, k: int) -> int:
         """Speculative positions a draft of depth k appends at most."""
-        if self.config.shape == "tree":
+        if self.config.is_tree:
             return self.config.tree_top_k * max(k - 1, 0)
         return max(k - 1, 0)
 

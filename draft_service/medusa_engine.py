@@ -188,7 +188,7 @@ def medusa_choices(config: DraftConfig, num_heads: int) -> tuple[Choice, ...]:
     SMALL_STATIC_TREE. Choices deeper than the heads reach are dropped, a tree keeps its first
     config.tree_node_budget nodes (best_first), and the result is in Medusa's order."""
     spec = config.medusa_choices.strip()
-    if not spec and config.shape == "tree":
+    if not spec and config.is_tree:
         spec = read_head_choices(config.model_dir) or ""
     if not spec:
         raw = chain_choices(num_heads) if config.shape == "chain" else token_tree.SMALL_STATIC_TREE
@@ -208,7 +208,7 @@ def medusa_choices(config: DraftConfig, num_heads: int) -> tuple[Choice, ...]:
         raise InvalidArgument(f"medusa_choices do not form a tree: {e}") from None
     if not choices:
         raise InvalidArgument(f"medusa_choices leave no node within the {num_heads} heads")
-    return sorted_choices(best_first(within, config.tree_node_budget)) if config.shape == "tree" else choices
+    return sorted_choices(best_first(within, config.tree_node_budget)) if config.is_tree else choices
 
 
 def best_first(choices: list[Choice], budget: int) -> list[Choice]:

@@ -1,7 +1,9 @@
-"""Draft methods, chosen by name from one registry: how each loads its head. (The engine each
-method runs is draft_service.server's registry.) Importing this module imports no torch: the
-command line reads the method names from it."""
+"""Draft methods, chosen by name from one registry: how each loads its head, the engine it runs,
+what its Info says, and the shape of a deployment that names none. Importing this module imports
+no torch (the command line reads the method names from it): engines are imported when built."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.errors import InvalidArgument
@@ -34,16 +36,59 @@ def load_medusa(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_h
     return load_medusa_heads(model_dir, target_dir, dtype=parse_dtype(dtype), device=device, lm_head_int8=lm_head_int8)
 
 
-DRAFT_METHODS = {"eagle": load_eagle, "medusa": load_medusa}
+def _eagle_engine() -> type:
+    from draft_service.engine import DraftEngine
 
-# The draft shape of a deployment that names none. EAGLE: a chain (a tree costs a draft forward
-# per depth over the whole frontier; worth it where drafting is cheap next to verifying, as on
-# a GPU); Medusa: its static tree, which costs no more than a chain (one heads pass).
-DEFAULT_SHAPES = {"eagle": "chain", "medusa": "tree"}
+    return DraftEngine
+
+
+def _medusa_engine() -> type:
+    from draft_service.medusa_engine import MedusaDraftEngine
+
+    return MedusaDraftEngine
+
+
+def _describe_eagle(engine) -> tuple[int, str]:
+    """A chain of the router's k, or an EAGLE-2 tree of tree_node_budget nodes."""
+    config = engine.config
+    return (config.tree_node_budget if config.is_tree else 0), config.shape
+
+
+def _describe_medusa(engine) -> tuple[int, str]:
+    return engine.max_draft_tokens, engine.shape
+
+
+@dataclass(frozen=True, slots=True)
+class DraftMethod:
+    """load: the head loader (head folder, target folder, dtype, device, int8 flags);
+    engine: the engine class, built as engine(config, head, peer, tracing=); describe: what the
+    engine's Info says, (draft tokens per sequence per step, 0 = the router's k; shape);
+    default_shape: a deployment's shape when it names none."""
+
+    load: Callable
+    engine: Callable[[], type]
+    describe: Callable[[object], tuple[int, str]]
+    default_shape: str
+    summary: str
+
+
+DRAFT_METHODS = {
+    # A chain by default: a tree costs a draft forward per depth over the whole frontier, worth
+    # it where drafting is cheap next to verifying (a GPU; `tandem up` gives it the device's).
+    "eagle": DraftMethod(load_eagle, _eagle_engine, _describe_eagle, "chain",
+                         "an EAGLE-1/2 or EAGLE-3 head with its own KV cache; chains or dynamic trees"),
+    # Its static tree costs no more than a chain (one heads pass).
+    "medusa": DraftMethod(load_medusa, _medusa_engine, _describe_medusa, "tree",
+                          "Medusa heads on the target's last hidden state, no KV cache; static trees"),
+}
+
+
+def draft_method(name: str) -> DraftMethod:
+    if name not in DRAFT_METHODS:
+        raise InvalidArgument(f"draft method {name!r} is not one of {sorted(DRAFT_METHODS)}")
+    return DRAFT_METHODS[name]
 
 
 def load_draft_head(method: str, model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False,
                     head_int8: bool = False):
-    if method not in DRAFT_METHODS:
-        raise InvalidArgument(f"draft method {method!r} is not one of {sorted(DRAFT_METHODS)}")
-    return DRAFT_METHODS[method](model_dir, target_dir, dtype, device, lm_head_int8, head_int8)
+    return draft_method(method).load(model_dir, target_dir, dtype, device, lm_head_int8, head_int8)

@@ -2,19 +2,14 @@
 
 import logging
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from grpc_health.v1 import health_pb2
 
 from draft_service.config import DraftConfig
-from draft_service.engine import DraftEngine
-from draft_service.medusa_engine import MedusaDraftEngine
-from draft_service.methods import DRAFT_METHODS, load_draft_head
+from draft_service.methods import DraftMethod, draft_method
 from draft_service.peer_client import DraftPeer
 from draft_service.servicer import SERVICE_NAME, DraftServicer
-from tandem.errors import InvalidArgument
 from tandem.channels import bind, make_server
 from tandem.compute import compute_thread
 from tandem.grpc_server import add_health_and_reflection, serve_until_signal
@@ -27,42 +22,14 @@ from tandem.v1 import engine_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class EngineKind:
-    """What a draft method runs: its engine class, built as engine(config, head, peer), and
-    what its Info says: (max_draft_tokens per sequence per step, 0 = the router's k; shape)."""
-
-    engine: type
-    describe: Callable[[object], tuple[int, str]]
-
-
-def _describe_eagle(engine: DraftEngine) -> tuple[int, str]:
-    """A chain of the router's k, or an EAGLE-2 tree of tree_node_budget nodes."""
-    config = engine.config
-    return (config.tree_node_budget if config.shape == "tree" else 0), config.shape
-
-
-def _describe_medusa(engine: MedusaDraftEngine) -> tuple[int, str]:
-    return engine.max_draft_tokens, engine.shape
-
-
-ENGINES = {
-    "eagle": EngineKind(DraftEngine, _describe_eagle),
-    "medusa": EngineKind(MedusaDraftEngine, _describe_medusa),
-}
-assert set(ENGINES) == set(DRAFT_METHODS), "every draft method has a head loader and an engine"
-
-
-def build_engine(config: DraftConfig, peer, tracing: Tracing | None = None) -> tuple[object, EngineKind]:
+def build_engine(config: DraftConfig, peer, tracing: Tracing | None = None) -> tuple[object, DraftMethod]:
     """The method's head and engine; raises InvalidArgument for an unknown method."""
-    if config.method not in ENGINES:
-        raise InvalidArgument(f"draft method {config.method!r} is not one of {sorted(ENGINES)}")
-    kind = ENGINES[config.method]
-    head = load_draft_head(config.method, config.model_dir, config.target_model_dir, config.dtype, config.device,
-                           config.lm_head_quant == "int8", config.head_quant == "int8")
+    method = draft_method(config.method)
+    head = method.load(config.model_dir, config.target_model_dir, config.dtype, config.device,
+                       config.lm_head_quant == "int8", config.head_quant == "int8")
     peer.use_columns(head.vocab_ids)  # before the peer starts: the first stream sends them
     peer.use_features(head.feature_layers, head.feature_width)
-    return kind.engine(config, head, peer, tracing=tracing), kind
+    return method.engine()(config, head, peer, tracing=tracing), method
 
 
 def follow_peer(health, peer: DraftPeer) -> None:

@@ -10,7 +10,7 @@ from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 
 class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
-    """engine: any draft method's engine (draft_service.server.ENGINES)."""
+    """engine: any draft method's engine (draft_service.methods.DRAFT_METHODS)."""
 
     def __init__(self, engine, method: str, model: str, compute: ThreadPoolExecutor, *, max_draft_tokens: int = 0,
                  shape: str = "chain", tracing: Tracing | None = None):

@@ -83,7 +83,7 @@ def _add_draft_shape_flags(p: argparse.ArgumentParser, device_defaults: bool = F
 
     p.add_argument("--shape", default=_env("draft_shape", None), choices=["chain", "tree"],
                    help="draft shape (default: " + ("EAGLE the device's, a tree; Medusa tree" if device_defaults
-                                                    else "the method's, draft_service.methods.DEFAULT_SHAPES") + ")")
+                                                    else "the method's default_shape, draft_service.methods") + ")")
     p.add_argument("--tree-top-k", type=int, default=_env("tree_top_k", None if device_defaults else 4),
                    help="EAGLE trees: frontier nodes expanded per depth, children per node"
                         + (" (default: the device's)" if device_defaults else ""))
@@ -134,14 +134,14 @@ def target_config(args, model: Path):
 
 def draft_config(args, model: Path):
     from draft_service.config import DraftConfig
-    from draft_service.methods import DEFAULT_SHAPES
+    from draft_service.methods import draft_method
     from tandem.models.heads import head_quant, lm_head_quant
 
     if not args.draft_model:
         raise SystemExit("tandem draft: --draft-model DIR (the draft head checkpoint) is required")
     return DraftConfig(
         method=args.method,
-        shape=args.shape or DEFAULT_SHAPES[args.method],
+        shape=args.shape or draft_method(args.method).default_shape,
         tree_top_k=args.tree_top_k,
         tree_node_budget=args.tree_node_budget,
         proposal_top_k=args.proposal_top_k,
@@ -266,7 +266,8 @@ def _draft_parser(sub) -> None:
     p = sub.add_parser("draft", help="the draft service (EAGLE or Medusa heads)")
     _add_model_flags(p)
     _add_target_flags(p)
-    p.add_argument("--method", default=_env("draft_method", "eagle"), choices=sorted(DRAFT_METHODS))
+    p.add_argument("--method", default=_env("draft_method", "eagle"), choices=sorted(DRAFT_METHODS),
+                   help="; ".join(f"{name}: {m.summary}" for name, m in sorted(DRAFT_METHODS.items())))
     _add_draft_shape_flags(p)
     p.add_argument("--draft-model", default=_env("draft_model", None),
                    help="draft head checkpoint folder (--method eagle: an EAGLE-1/2 or EAGLE-3 head, told apart by its files)")
