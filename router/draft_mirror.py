@@ -75,6 +75,23 @@ class DraftMirror:
         return True
 
 
+def choose_respeculations(candidates: list[Sequence], room: Callable[[int], bool]) -> list[Sequence]:
+    """The candidates (oldest first) that re-prefill now: as many as the draft takes
+    (`room(places)`: a parent takes 2, it and a child); the others are marked draft_denied and
+    wait for a place to free. After one that finds no room, none after it is chosen."""
+    chosen: list[Sequence] = []
+    taken, full = 0, False
+    for seq in candidates:
+        places = 2 if seq.is_parent else 1
+        if not full and room(taken + places):
+            chosen.append(seq)
+            taken += places
+        else:
+            seq.draft_denied = True
+            full = full or places == 1  # no room for one: none for any after it
+    return chosen
+
+
 def worth_respeculating(seq: Sequence, speculates: Callable[[Sequence], bool] | None) -> bool:
     """A plain sequence re-prefills to speculate once at most: a draft that fails again right
     after it is back (its peer stream to the target down, say) must not restart a long prefill

@@ -107,6 +107,16 @@ class EngineLimits:
                 f" [1, {self.kv_pages_total * self.kv_page_size}] (the KV cache's tokens)"
             )
 
+    def why_never_fits(self, tokens: int) -> str:
+        """Why a sequence of `tokens` (prompt + max_tokens) can never run here ('' if it can)."""
+        if tokens > self.max_sequence_tokens:
+            return (f"prompt + max_tokens = {tokens} tokens can never fit: the KV cache holds"
+                    f" {self.kv_pages_total} KV pages of {self.kv_page_size} tokens"
+                    f" (max_total_sequence_length {self.max_total_sequence_length})")
+        if self.max_context_length and tokens > self.max_context_length:
+            return f"prompt + max_tokens = {tokens} tokens exceed the model's context ({self.max_context_length})"
+        return ""
+
     @property
     def drafts_per_verify(self) -> int:
         """KV slots a speculating sequence's verify may take beyond its own token."""

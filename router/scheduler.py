@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from router.draft_mirror import DraftMirror, worth_respeculating
+from router.draft_mirror import DraftMirror, choose_respeculations, worth_respeculating
 from router.kv_state import KvState
 from router.limits import EngineLimits
 from router.request import Request, Sequence
@@ -84,16 +84,7 @@ class Scheduler:
         self.waiting.extend(roots)
 
     def _never_fits(self, request: Request) -> str:
-        """Why `request` can never run under the limits ('' if it can)."""
-        spec = self.limits
-        tokens = len(request.spec.prompt_ids) + request.spec.max_tokens
-        if tokens > spec.max_sequence_tokens:
-            return (f"prompt + max_tokens = {tokens} tokens can never fit: the KV cache holds"
-                    f" {spec.kv_pages_total} KV pages of {spec.kv_page_size} tokens"
-                    f" (max_total_sequence_length {spec.max_total_sequence_length})")
-        if spec.max_context_length and tokens > spec.max_context_length:
-            return f"prompt + max_tokens = {tokens} tokens exceed the model's context ({spec.max_context_length})"
-        return ""
+        return self.limits.why_never_fits(len(request.spec.prompt_ids) + request.spec.max_tokens)
 
     def adopt(self, limits: EngineLimits) -> list[tuple[Request, str]]:
         """A restarted target's limits, once `reset` (nothing is live): the requests waiting
@@ -175,19 +166,9 @@ class Scheduler:
         if 0 < self.limits.spec_disable_batch_size <= len(decoding):
             return
         every, self._draft_back, self._place_freed = self._draft_back, False, False
-        chosen: list[Sequence] = []
-        taken, full = 0, False  # draft places the chosen will take (a parent 2: it and a child)
-        for seq in self.running + self.forking:
-            if not (every or seq.draft_denied) or not worth_respeculating(seq, self.speculates):
-                continue
-            places = 2 if seq.is_parent else 1
-            if not full and self._draft_room(taken + places):
-                chosen.append(seq)
-                taken += places
-            else:
-                seq.draft_denied = True  # it waits for a place to free
-                full = full or places == 1  # no room for one: none for any after it
-        for seq in reversed(chosen):  # appended to the left: the oldest ends up first in line
+        candidates = [s for s in self.running + self.forking
+                      if (every or s.draft_denied) and worth_respeculating(s, self.speculates)]
+        for seq in reversed(choose_respeculations(candidates, self._draft_room)):  # appended to the left: the oldest ends up first in line
             self._requeue(seq)
             seq.respeculated = True
             self.respeculated_total += 1
