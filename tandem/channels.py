@@ -82,7 +82,8 @@ class RenewableChannel:
 def make_server(*, aio: bool = False, checks: Sequence[Check] = (), options=SERVER_OPTIONS, max_workers: int = 8,
                 maximum_concurrent_rpcs: int | None = None):
     """A server whose calls pass the checks (identities, API keys) before anything else, then
-    the interceptor that maps typed errors to status codes."""
+    the interceptor that maps typed errors to status codes. `max_workers`: the sync server's
+    threads (an aio server runs its calls on the event loop)."""
     if aio:
         interceptors = [*([AioGuardInterceptor(checks)] if checks else []), AioErrorInterceptor()]
         return grpc.aio.server(interceptors=interceptors, options=options, maximum_concurrent_rpcs=maximum_concurrent_rpcs)

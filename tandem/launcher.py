@@ -87,7 +87,7 @@ def client_tls(tls_dir: Path | None) -> TlsConfig:
     """How `tandem up` checks its services' health: as the development client."""
     if tls_dir is None:
         return PLAINTEXT
-    return TlsConfig(tls_dir / "client.pem", tls_dir / "client-key.pem", tls_dir / "ca.pem")
+    return TlsConfig.of_identity(tls_dir, "client")
 
 
 def router_flags(args) -> list[str]:

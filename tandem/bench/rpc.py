@@ -134,8 +134,7 @@ def run_rpc_bench(args) -> int:
     with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
         certs = Path(folder)
         create_dir(certs, identities=("router", "target"))
-        served = TlsConfig(certs / "target.pem", certs / "target-key.pem", certs / "ca.pem")
-        router = TlsConfig(certs / "router.pem", certs / "router-key.pem", certs / "ca.pem")
+        served, router = TlsConfig.of_identity(certs, "target"), TlsConfig.of_identity(certs, "router")
         addresses = {
             "plain": (stack.enter_context(running_target(model, args.dtype, args.threads, devices)), PLAINTEXT),
             "mtls": (stack.enter_context(running_target(model, args.dtype, args.threads, devices, served)), router),

@@ -37,6 +37,13 @@ class TlsConfig:
             if path is not None and not Path(path).is_file():
                 raise InvalidArgument(f"--tls-{name} {path}: no such file")
 
+    @classmethod
+    def of_identity(cls, folder: Path, name: str, trust: bool = True) -> "TlsConfig":
+        """`name`'s pair in a `tandem certs create` folder ({name}.pem, {name}-key.pem), with its
+        ca.pem unless `trust` is off."""
+        folder = Path(folder)
+        return cls(folder / f"{name}.pem", folder / f"{name}-key.pem", folder / "ca.pem" if trust else None)
+
     @property
     def serves_tls(self) -> bool:
         return self.cert is not None

@@ -87,7 +87,7 @@ def identity_tls(certs: Path | None, name: str) -> TlsConfig:
     """`name`'s certificate, key and the CA of a `tandem certs create` folder (None: plaintext)."""
     if certs is None:
         return PLAINTEXT
-    return TlsConfig(certs / f"{name}.pem", certs / f"{name}-key.pem", certs / "ca.pem")
+    return TlsConfig.of_identity(certs, name)
 
 
 def start_services(
@@ -102,7 +102,7 @@ def start_services(
     if certs is not None:
         target = {"tls": identity_tls(certs, "target"), **(target or {})}
         draft = {"tls": identity_tls(certs, "draft"), **(draft or {})}
-        public = TlsConfig(certs / "router.pem", certs / "router-key.pem")
+        public = TlsConfig.of_identity(certs, "router", trust=False)
         router = {"tls": identity_tls(certs, "router"), "public_tls": public, **(router or {})}
     tconf = replace(TargetConfig(model_dir=model_dir, port=0, kv_cache_tokens=8192, kv_page_size=8), **(target or {}))
     target_server, _, target_port, engine, target_metrics = start_target(tconf, tracing=tracing.get("target"))
