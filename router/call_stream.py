@@ -12,6 +12,7 @@ from tandem.errors import TandemError, Unavailable
 
 # A stream that broke (or a call that timed out) means the service went away or stalled.
 _GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+_BROKEN = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 
 
 class CallStream:
@@ -61,7 +62,7 @@ class CallStream:
                               f"within {self.timeout_s:g} s") from None
         except grpc.aio.AioRpcError as e:
             self.close()
-            raise self.failed(e.code(), e.details()) from e
+            raise self.failed(e.code(), e.details(), stream_broke=True) from e
         except (asyncio.InvalidStateError, grpc.aio.UsageError) as e:  # it ended between done() and write
             self.close()
             raise Unavailable(f"{self.service} unavailable: the stream ended ({e})") from e
@@ -80,8 +81,11 @@ class CallStream:
             self._call.cancel()
             self._call = None
 
-    def failed(self, code: grpc.StatusCode, details: str) -> TandemError:
-        if code in _GONE:
+    def failed(self, code: grpc.StatusCode, details: str, stream_broke: bool = False) -> TandemError:
+        """The error of a failed call. `stream_broke`: the whole stream ended (not one answer's
+        error): a peer killed mid-stream ends it UNAVAILABLE, or INTERNAL / UNKNOWN when its
+        connection was reset under the stream ("RST_STREAM", "Stream removed"): gone all the same."""
+        if code in _GONE or (stream_broke and code in _BROKEN):
             return Unavailable(f"{self.service} unavailable: {details}")
         return TandemError(f"{self.service} failed a call: {code.name}: {details}")
 

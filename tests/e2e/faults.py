@@ -124,6 +124,7 @@ class Outcome:
     code: str
     ended: float
     draft_tokens: int = 0
+    details: str = ""  # the status's message, for a failure's diagnosis
 
 
 def stream(stub, prompt: str, params: pb.SamplingParams, first: threading.Event | None = None,
@@ -138,7 +139,7 @@ def stream(stub, prompt: str, params: pb.SamplingParams, first: threading.Event 
             if first is not None:
                 first.set()
     except grpc.RpcError as e:
-        return Outcome(tokens, finish, e.code().name, time.monotonic(), draft_tokens)
+        return Outcome(tokens, finish, e.code().name, time.monotonic(), draft_tokens, e.details() or "")
     reliability.served()  # in this process's summary (not the netns client's: its test counts those)
     return Outcome(tokens, finish, "OK", time.monotonic(), draft_tokens)
 

@@ -75,7 +75,7 @@ def test_the_target_killed_mid_load_fails_its_requests_at_once_and_serves_again_
     wait_for(lambda: router_down.append(serving(up.address("router"))) or not router_down[-1], 30,
              "the router's health to say NOT_SERVING")
     outcomes = load.outcomes()
-    assert [o.code for o in outcomes] == ["UNAVAILABLE"] * len(PROMPTS)
+    assert [o.code for o in outcomes] == ["UNAVAILABLE"] * len(PROMPTS), [o.details for o in outcomes]
     assert max(o.ended for o in outcomes) - killed_at < UNAVAILABLE_WITHIN_S
     up.wait_line(f"tandem up: target (pid {killed}) was killed by SIGKILL; restarting it in")
     up.wait_line("tandem up: target restarted")
