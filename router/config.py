@@ -58,6 +58,11 @@ class RouterConfig:
     # Keys the public API requires (`authorization: Bearer <key>`), one a line; None: open.
     api_key_file: Path | None = None
     health_port: int = 0  # a plaintext port answering health Checks only, for probes (0: none)
+    # The OpenAI-compatible HTTP API (router.http) on `host`, with public_tls and the API keys of
+    # the gRPC port (0: off; the CLI's default is 8000), answering to served_model_name (empty:
+    # the name in the model's config.json, else its folder's).
+    http_port: int = 0
+    served_model_name: str = ""
     # What one public request may ask: sizes of its fields (RequestLimits documents each).
     request_limits: RequestLimits = field(default_factory=RequestLimits)
 
@@ -65,7 +70,7 @@ class RouterConfig:
         for name in ("prefill_chunk_size", "max_waiting", "default_max_tokens", "spec_draft_length"):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("max_running_requests", "max_concurrent_rpcs", "max_connection_age_s",
+        for name in ("max_running_requests", "max_concurrent_rpcs", "http_port", "max_connection_age_s",
                      "max_connection_age_grace_s", "min_ping_interval_s", "shutdown_grace_s"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -74,4 +74,11 @@ def _load(s: RouterSnapshot) -> list[Metric]:
         gauge(f"{P}_sequences_live", "Sequences the target holds: running, parents and recycled.", s.sequences_live),
         gauge(f"{P}_kv_pages_used", "Target KV pages in use, as of the last step.", s.kv_pages_used),
         gauge(f"{P}_kv_pages_total", "Target KV pages in all.", s.kv_pages_total),
+        # The names the Gateway API Inference Extension's endpoint picker reads (vLLM's, under tandem:).
+        gauge("tandem:num_requests_waiting", "Requests waiting for admission (vllm:num_requests_waiting).",
+              s.requests_waiting),
+        gauge("tandem:num_requests_running", "Requests with a running sequence (vllm:num_requests_running).",
+              s.requests_running),
+        gauge("tandem:kv_cache_usage_perc", "Target KV pages in use as a fraction, 1 = full (vllm:kv_cache_usage_perc).",
+              s.kv_pages_used / s.kv_pages_total if s.kv_pages_total else 0.0),
     ]

@@ -1,12 +1,16 @@
-"""Builds and runs the router: connects to the target, then serves the public API."""
+"""Builds and runs the router: connects to the target, then serves the public API (gRPC, and
+the OpenAI-compatible HTTP API on --http-port)."""
 
 import asyncio
 import logging
 import signal
+from dataclasses import dataclass
 
 from router.config import RouterConfig
 from router.engine import RouterEngine
 from router.figures import snapshot
+from router.http.app import HttpApi, served_model_name
+from router.http.tls import server_ssl_context
 from router.metrics import router_families
 from router.speculation import Speculator
 from router.target_link import TargetLink
@@ -23,9 +27,20 @@ from tandem.v1 import generate_pb2_grpc
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class PublicServers:
+    """The router's public ports, stopped together: gRPC, and HTTP (None: --http-port 0)."""
+
+    grpc: object  # grpc.aio.Server
+    http: HttpApi | None = None
+
+    async def stop(self, grace_s: float | None) -> None:
+        await asyncio.gather(self.grpc.stop(grace_s), *([self.http.stop()] if self.http else []))
+
+
 async def start_router(config: RouterConfig, tracing: Tracing | None = None):
-    """Starts the router; returns (server, engine, health, channel, bound port, side servers
-    (tandem.probes.Sidecars: metrics, probe port) or None)."""
+    """Starts the router; returns (PublicServers, engine, health, channel, bound gRPC port, side
+    servers (tandem.probes.Sidecars: metrics, probe port) or None)."""
     target, reset = await TargetLink.connect(config.target_address, config.tls, config.connect_timeout_s,
                                              config.step_timeout_s)
     info = reset.info
@@ -38,9 +53,8 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     engine = RouterEngine(config, Tokenizer(config.model_dir), target, info, speculator,
                           first_step_id=reset.last_step_id + 1, draft_max_num_sequence=draft_max, tracing=tracing)
     engine.start()
-    checks = []
-    if config.api_key_file:
-        checks.append(ApiKeys(config.api_key_file))
+    api_keys = ApiKeys(config.api_key_file) if config.api_key_file else None
+    checks = [api_keys] if api_keys else []
     options = public_server_options(config.max_connection_age_s, config.max_connection_age_grace_s,
                                     config.min_ping_interval_s)
     server = make_server(aio=True, checks=checks, options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs or None)
@@ -50,11 +64,21 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     engine.on_serving = lambda serving: set_health_aio(health, [SERVICE_NAME], serving)
     await set_health_aio(health, [SERVICE_NAME], engine.serving)  # it may have changed since start()
     port = bind(server, config.host, config.port, config.public_tls, "router", internal=False)
+    # HTTP first: once the gRPC port answers health checks (tandem up, compose), both serve.
+    http = await _start_http(config, engine, api_keys) if config.http_port else None
     await server.start()
     probes = await start_probes_aio(health, config.host, config.health_port, "router") if config.health_port else None
     log.info("router: serving on %s:%d, target %s (%s)", config.host, port, config.target_address, info.model)
     metrics = serve_metrics(config.host, config.metrics_port, lambda: router_families(snapshot(engine)), "router")
-    return server, engine, health, target.channel, port, Sidecars.of(metrics, probes)
+    return PublicServers(server, http), engine, health, target.channel, port, Sidecars.of(metrics, probes)
+
+
+async def _start_http(config: RouterConfig, engine: RouterEngine, api_keys: ApiKeys | None) -> HttpApi:
+    http = HttpApi(engine, api_keys, served_model_name(config.model_dir, config.served_model_name))
+    port = await http.start(config.host, config.http_port, server_ssl_context(config.public_tls))
+    scheme = "https" if config.public_tls.serves_tls else "http"
+    log.info("router: OpenAI-compatible API on %s://%s:%d/v1 (model %r)", scheme, config.host, port, http.model_name)
+    return http
 
 
 CANCEL_MARGIN_S = 1.0  # of the grace period: time to send the cancelled deltas and close
@@ -72,12 +96,15 @@ async def _serve(config: RouterConfig, tracing: Tracing | None = None) -> None:
         await sidecars.astop()
 
 
-async def drain(server, engine: RouterEngine, health, grace_s: float) -> None:
-    """Health NOT_SERVING first (load balancers and probes stop sending), new requests refused
-    UNAVAILABLE while the port stays open, running ones given the grace period to finish; those
-    still live then end as "cancelled", with their usage; then the server and the engine stop."""
+async def drain(server: PublicServers, engine: RouterEngine, health, grace_s: float) -> None:
+    """Health NOT_SERVING first (load balancers and probes stop sending; HTTP /health 503), new
+    requests refused UNAVAILABLE (HTTP 503) while the ports stay open, running ones given the
+    grace period to finish; those still live then end as "cancelled", with their usage; then
+    the servers and the engine stop."""
     log.info("router: draining (up to %.0f s for %d live requests)", grace_s, engine.live_requests)
     await health.enter_graceful_shutdown()
+    if server.http is not None:
+        server.http.begin_drain()
     engine.begin_drain()
     if not await engine.drained(max(grace_s - CANCEL_MARGIN_S, 0)):
         log.warning("router: the grace period ended with requests live; they end cancelled")

@@ -4,9 +4,8 @@ import asyncio
 import contextlib
 import time
 
-from router import convert, figures
+from router import convert, figures, stream
 from router.engine import RouterEngine
-from tandem.errors import TandemError
 from tandem.telemetry.tracing import ending
 from tandem.v1 import generate_pb2 as pb
 from tandem.v1 import generate_pb2_grpc
@@ -31,39 +30,15 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         arrived = time.monotonic()  # TTFT and duration count tokenizing (router.figures' clock)
         engine = self.engine
         span.add_event("start tokenize")
-        # In a thread: a prompt of megabytes takes seconds to tokenize, and the event loop streams
-        # every other request meanwhile (the Rust tokenizer encodes and decodes through shared
-        # references, so the detokenizers on the loop may run beside it).
-        spec = await asyncio.to_thread(
-            convert.spec_from_pb,
-            request,
-            engine.tokenizer,
-            vocab_size=engine.info.vocab_size,
-            max_context=engine.info.max_context_length,
-            default_max_tokens=engine.config.default_max_tokens,
-            max_sequence_tokens=engine.limits.max_sequence_tokens,
-            limits=engine.config.request_limits,
-        )
+        spec = await stream.spec_of(engine, request)
         span.add_event("finish tokenize")
-        request = engine.submit(spec, span, arrived)
-        want_logprobs = spec.sampler.logprobs
-        try:
-            while True:
-                item = await request.queue.get()
-                if isinstance(item, TandemError):
-                    raise item
-                response = convert.delta_to_pb(spec.request_id, item, engine.tokenizer, want_logprobs)
-                done = request.finished and request.queue.empty()
-                if done:
-                    response.usage.CopyFrom(convert.usage_to_pb(request))
+        submitted = engine.submit(spec, span, arrived)
+        async with contextlib.aclosing(stream.deltas(engine, submitted)) as deltas:
+            async for delta, last in deltas:
+                response = convert.delta_to_pb(spec.request_id, delta, engine.tokenizer, spec.sampler.logprobs)
+                if last:
+                    response.usage.CopyFrom(convert.usage_to_pb(submitted))
                 yield response
-                if done:
-                    return
-        except asyncio.CancelledError:
-            raise  # the client went away; finally frees the sequences
-        finally:
-            if not request.finished:
-                engine.cancel(request)
 
     async def Tokenize(self, request, context):
         engine = self.engine

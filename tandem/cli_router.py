@@ -47,6 +47,12 @@ def add_router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-file", default=_env("api_key_file", None),
                    help="the public API requires 'authorization: Bearer <key>' with a key of this file (one a line;"
                         " re-read when it changes)")
+    p.add_argument("--http-port", type=int, default=_env("http_port", 8000),
+                   help="the OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models,"
+                        " /health) on this port, with the gRPC port's TLS and API keys (0: off; docs/openai.md)")
+    p.add_argument("--served-model-name", default=_env("served_model_name", None),
+                   help="the model name the HTTP API answers to (default: the name in the model's config.json,"
+                        " else its folder's)")
     p.add_argument("--shutdown-grace-s", type=float, default=_env("shutdown_grace_s", 20.0),
                    help="on SIGTERM: health NOT_SERVING, new requests UNAVAILABLE, running ones get this long to"
                         " finish (then they end cancelled)")
@@ -96,4 +102,6 @@ def router_config(args, model: Path):
         public_tls=public_tls_config(args),
         api_key_file=Path(args.api_key_file) if args.api_key_file else None,
         health_port=args.health_port,
+        http_port=args.http_port,
+        served_model_name=args.served_model_name or "",
     )

@@ -262,6 +262,9 @@ def run_up(args, model: Path, backoff: Backoff = Backoff()) -> int:
             if draft_args else "none"
         security = f"; mutual TLS, CA {tls_dir / 'ca.pem'}" if tls_dir else ""
         print(f"tandem up: router on {args.host}:{args.router_port} (draft: {drafting}{security})", flush=True)
+        if args.http_port:  # passed through with the router's flags (router_flags)
+            scheme = "https" if tls_dir else "http"
+            print(f"tandem up: OpenAI-compatible API on {scheme}://{args.host}:{args.http_port}/v1", flush=True)
         while not stopping:
             for service in services:
                 service.check()

@@ -147,8 +147,9 @@ def _start_tier(procs: list[subprocess.Popen], tier: list[tuple[int, list[str]]]
     times its matmul kernels as it loads (tandem.models.linear), which others loading beside it
     would skew (in a bench of four stacks started together, plain decoding's target chose the
     kernel that made its step 70 ms instead of 53)."""
-    # No Prometheus endpoints: several stacks on one machine would collide on their fixed ports.
-    env = {**os.environ, "TANDEM_METRICS_PORT": "0"}
+    # No Prometheus endpoints nor HTTP APIs (a router's --http-port, given, wins): several stacks
+    # on one machine would collide on their fixed ports.
+    env = {**os.environ, "TANDEM_METRICS_PORT": "0", "TANDEM_HTTP_PORT": "0"}
     for port, cmd in tier:
         with sigterm_held():
             procs.append(subprocess.Popen(cmd, env=env))
