@@ -37,8 +37,8 @@ class HttpApi:
         # A body as large as the gRPC port takes: the request limits (--max-prompt-bytes) name
         # the field past them; past this one, 413.
         app = web.Application(middlewares=[self._guard], client_max_size=PUBLIC_MAX_MESSAGE_BYTES)
-        app.router.add_post("/v1/chat/completions", lambda r: completions.generate(self, r, CHAT))
-        app.router.add_post("/v1/completions", lambda r: completions.generate(self, r, COMPLETION))
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._model)
         app.router.add_get("/health", self._health)
@@ -93,6 +93,12 @@ class HttpApi:
         if not self.api_keys.valid(key):
             log.info("refused %s: unknown API key %s", request.path, key_id(key))
             raise unauthenticated("invalid API key")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await completions.generate(self, request, CHAT)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await completions.generate(self, request, COMPLETION)
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [self._model_card()]})
