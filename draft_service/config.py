@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.errors import InvalidArgument
+from tandem.models.kernel_plan import KernelPlan
 from tandem.security.identity import Identities
 from tandem.security.tls import PLAINTEXT, TlsConfig
 
@@ -24,6 +25,9 @@ class DraftConfig:
     kv_cache_tokens: int = 32768
     max_num_sequence: int = 64
     num_threads: int = 0
+    # The CPU kernel of each projection for 1..3 rows (--cpu-kernels); None: EAGLE times its own
+    # when it loads on CPU, Medusa takes tandem.models.kernel_plan.DEFAULT_PLAN.
+    cpu_kernels: KernelPlan | None = None
     # How long a Draft call waits for the target step whose hidden states it needs.
     hidden_timeout_s: float = 10.0
     # Draft shape: "chain" (k tokens, k from the router) or "tree" (verified as a token tree).

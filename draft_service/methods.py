@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.errors import InvalidArgument
+from tandem.models.kernel_plan import KernelPlan
 
 
 def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False,
-               head_int8: bool = False):
+               head_int8: bool = False, kernels: KernelPlan | None = None):
     """An EAGLE-1/2 head, or an EAGLE-3 one (told apart by its config and weights)."""
     from tandem.attention.torch_backend import TorchAttention
     from tandem.models.config import ModelConfig
@@ -23,17 +24,18 @@ def load_eagle(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_he
     backend = TorchAttention(device)
     load = load_eagle3_head if is_eagle3_folder(model_dir) else load_eagle_head
     return load(model_dir, target_dir, dtype=parse_dtype(dtype), backend=backend, device=device,
-                max_positions=positions, lm_head_int8=lm_head_int8, head_int8=head_int8)
+                max_positions=positions, lm_head_int8=lm_head_int8, head_int8=head_int8, kernels=kernels)
 
 
 def load_medusa(model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False,
-                head_int8: bool = False):
+                head_int8: bool = False, kernels: KernelPlan | None = None):
     if head_int8:
         raise InvalidArgument("int8 head projections are an EAGLE head's: Medusa's blocks stay in the model's dtype")
     from tandem.models.loader import parse_dtype
     from tandem.models.medusa import load_medusa_heads
 
-    return load_medusa_heads(model_dir, target_dir, dtype=parse_dtype(dtype), device=device, lm_head_int8=lm_head_int8)
+    return load_medusa_heads(model_dir, target_dir, dtype=parse_dtype(dtype), device=device, lm_head_int8=lm_head_int8,
+                             kernels=kernels)
 
 
 def _eagle_engine() -> type:
@@ -60,10 +62,10 @@ def _describe_medusa(engine) -> tuple[int, str]:
 
 @dataclass(frozen=True, slots=True)
 class DraftMethod:
-    """load: the head loader (head folder, target folder, dtype, device, int8 flags);
-    engine: the engine class, built as engine(config, head, peer, tracing=); describe: what the
-    engine's Info says, (draft tokens per sequence per step, 0 = the router's k; shape);
-    default_shape: a deployment's shape when it names none."""
+    """load: the head loader (head folder, target folder, dtype, device, int8 flags, CPU kernel
+    plan or None); engine: the engine class, built as engine(config, head, peer, tracing=);
+    describe: what the engine's Info says, (draft tokens per sequence per step, 0 = the router's
+    k; shape); default_shape: a deployment's shape when it names none."""
 
     load: Callable
     engine: Callable[[], type]

@@ -26,7 +26,7 @@ def build_engine(config: DraftConfig, peer, tracing: Tracing | None = None) -> t
     """The method's head and engine; raises InvalidArgument for an unknown method."""
     method = draft_method(config.method)
     head = method.load(config.model_dir, config.target_model_dir, config.dtype, config.device,
-                       config.lm_head_quant == "int8", config.head_quant == "int8")
+                       config.lm_head_quant == "int8", config.head_quant == "int8", config.cpu_kernels)
     peer.use_columns(head.vocab_ids)  # before the peer starts: the first stream sends them
     peer.use_features(head.feature_layers, head.feature_width)
     return method.engine()(config, head, peer, tracing=tracing), method

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tandem.envvars import check_flags, env_default, env_flag
 from tandem.cli_router import add_router_flags, router_config, router_flag_options  # noqa: F401 (tandem.cli's API)
+from tandem.models.kernel_plan import plan_from_flag
 from tandem.security.cli_flags import (add_client_tls_flags, add_identity_flags, add_public_security_flags,
                                        add_tls_flags, certs_parser, identities, tls_config)
 
@@ -53,7 +54,7 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="weights and activations (greedy output equals the target alone's in float32)")
 
 
-def _add_target_flags(p: argparse.ArgumentParser) -> None:
+def _add_target_flags(p: argparse.ArgumentParser, cpu_kernels: bool = False) -> None:
     p.add_argument("--device", default=_env("device", "cpu"), help="cpu, cuda or cuda:N")
     p.add_argument("--kv-page-size", type=int, default=_env("kv_page_size", 16), help="tokens per KV cache page")
     p.add_argument("--kv-cache-tokens", type=int, default=_env("kv_cache_tokens", 32768),
@@ -65,6 +66,10 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=_env("threads", 0), help="torch threads (0: default)")
     p.add_argument("--enforce-eager", action="store_true", default=_env_flag("enforce_eager"),
                    help="no CUDA graphs: every step runs eagerly (graphs are captured on CUDA devices only)")
+    if cpu_kernels:  # not `tandem up`'s: its services inherit TANDEM_CPU_KERNELS from its environment
+        p.add_argument("--cpu-kernels", default=_env("cpu_kernels", None), metavar="KERNELS",
+                       help="CPU kernel for 1, 2, 3 rows, of matvec, flat, blocked (e.g. blocked,blocked,blocked: the"
+                            " same on every start; default: timed on the model's projections when it loads)")
 
 
 def _add_spec_flags(p: argparse.ArgumentParser, default: int | None = 4, help: str = "") -> None:
@@ -124,6 +129,7 @@ def target_config(args, model: Path):
         max_num_sequence=args.max_num_sequence,
         max_context_length=args.max_context_length,
         num_threads=args.threads,
+        cpu_kernels=plan_from_flag(args.cpu_kernels),
         cuda_graphs=not args.enforce_eager,
         metrics_port=args.metrics_port,
         tls=tls_config(args),
@@ -159,6 +165,7 @@ def draft_config(args, model: Path):
         kv_cache_tokens=args.kv_cache_tokens,
         max_num_sequence=args.max_num_sequence,
         num_threads=args.threads,
+        cpu_kernels=plan_from_flag(args.cpu_kernels),
         cuda_graphs=not args.enforce_eager,
         metrics_port=args.metrics_port,
         tls=tls_config(args),
@@ -251,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _target_parser(sub) -> None:
     p = sub.add_parser("target", help="the target (base model) service")
     _add_model_flags(p)
-    _add_target_flags(p)
+    _add_target_flags(p, cpu_kernels=True)
     p.add_argument("--host", default=_env("target_host", "0.0.0.0"), help="address to listen on")
     p.add_argument("--port", type=int, default=_env("target_port", 50052), help="gRPC port")
     _add_metrics_flag(p, 9401)
@@ -265,7 +272,7 @@ def _draft_parser(sub) -> None:
 
     p = sub.add_parser("draft", help="the draft service (EAGLE or Medusa heads)")
     _add_model_flags(p)
-    _add_target_flags(p)
+    _add_target_flags(p, cpu_kernels=True)
     p.add_argument("--method", default=_env("draft_method", "eagle"), choices=sorted(DRAFT_METHODS),
                    help="; ".join(f"{name}: {m.summary}" for name, m in sorted(DRAFT_METHODS.items())))
     _add_draft_shape_flags(p)

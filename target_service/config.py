@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.errors import InvalidArgument
+from tandem.models.kernel_plan import KernelPlan
 from tandem.security.identity import Identities
 from tandem.security.tls import PLAINTEXT, TlsConfig
 
@@ -22,6 +23,8 @@ class TargetConfig:
     # 0: the model's max_position_embeddings.
     max_context_length: int = 0
     num_threads: int = 0  # 0: torch's default
+    # The CPU kernel of each projection for 1..3 rows (--cpu-kernels); None: timed when the model loads.
+    cpu_kernels: KernelPlan | None = None
     # How long a verify step waits for the draft's probabilities before verifying without them
     # (which accepts no sampled draft: a plain step, still lossless).
     draft_probs_timeout_s: float = 2.0

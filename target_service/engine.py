@@ -63,6 +63,7 @@ class TargetEngine:
             backend=TorchAttention(self.device),
             device=self.device,
             max_positions=config.max_context_length or None,
+            kernels=config.cpu_kernels,
         )
         mc = self.model.config
         self.max_context = config.max_context_length or mc.max_position_embeddings

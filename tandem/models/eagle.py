@@ -29,7 +29,8 @@ from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
 from tandem.models.eagle_io import layer_prefix, read_draft_vocab, read_eagle_checkpoint, read_tensors, widen_vocab
-from tandem.models.linear import Int8Linear, Linear, choose_cpu_kernels, make_head_projection
+from tandem.models.kernel_plan import DEFAULT_PLAN, KernelPlan
+from tandem.models.linear import Int8Linear, Linear, choose_kernels, make_head_projection, with_plan
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
 from tandem.models.rope import inverse_frequencies, rope_tables, signed_sin
 
@@ -104,23 +105,21 @@ class EagleHead:
         fc: Linear | Int8Linear,  # 2D -> D: inputs 0..D-1 take the embedding, D..2D-1 the feature
         layers: list[LayerWeights],
         embed: torch.Tensor,  # [V, D], the target's
-        lm_head: torch.Tensor,  # [V, D], the target's
+        lm_head: Linear | Int8Linear,  # D -> V': the target's over the draft vocabulary (scoring_projection)
         rope_cos: torch.Tensor,  # [max_positions, head_dim] fp32
         rope_sin: torch.Tensor,
         backend: AttentionBackend,
         vocab_ids: torch.Tensor | None = None,  # [V'] int64: a pruned draft vocabulary (d2t)
-        lm_head_int8: bool = False,  # score with an int8 copy of the (pruned) lm_head (CPU)
+        kernels: KernelPlan = DEFAULT_PLAN,  # the CPU kernel of every projection for each row count
     ):
         d = config.hidden_size
         assert fc.weight.shape == (d, 2 * d), fc.weight.shape
-        assert embed.shape[1] == d and lm_head.shape[1] == d, (embed.shape, lm_head.shape)
-        self.config = config
-        self.fc, self.layers = fc, layers
-        self.embed, self.vocab_size = embed, lm_head.shape[0]
-        # A pruned vocabulary scores only its tokens (EAGLE-3's d2t): a smaller lm_head, and the
-        # rest of the vocabulary at -inf, so the draft never proposes what it was not trained on.
+        assert embed.shape[1] == d and lm_head.weight.shape[1] == d, (embed.shape, lm_head.weight.shape)
+        self.config, self.kernels = config, kernels
+        self.fc, self.layers = with_plan(fc, kernels), [layer.with_kernels(kernels) for layer in layers]
+        self.embed, self.vocab_size = embed, embed.shape[0]
         self.vocab_ids = vocab_ids
-        self.lm_head = make_head_projection(lm_head if vocab_ids is None else lm_head[vocab_ids], lm_head_int8)
+        self.lm_head = with_plan(lm_head, kernels)
         self.dtype = layers[0].post_norm.dtype  # the head's compute dtype (int8 projections' too)
         self.rope_cos = rope_cos.to(self.dtype)
         self.rope_sin = signed_sin(rope_sin).to(self.dtype)
@@ -241,11 +240,13 @@ def load_eagle_head(
     max_positions: int | None = None,
     lm_head_int8: bool = False,
     head_int8: bool = False,
+    kernels: KernelPlan | None = None,
 ) -> EagleHead:
     """The head of `head_dir` (public EAGLE-1/2 format) with the embedding and lm_head of the
     target in `target_dir` (a safetensors folder, tied or not); rope from the head's config.
     lm_head_int8 / head_int8: the (pruned) lm_head / the head's own projections (fc and its
-    decoder layers) with int8 weights (CPU)."""
+    decoder layers) with int8 weights (CPU). kernels: the CPU kernel plan (--cpu-kernels);
+    None: timed on CPU (draft_kernels)."""
     raw, state = read_eagle_checkpoint(head_dir)
     config = EagleConfig.from_dict(raw)
     target = ModelConfig.from_folder(target_dir)
@@ -262,20 +263,23 @@ def load_eagle_head(
     inv_freq, scaling = head_rope(Path(head_dir), raw)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)
     vocab_ids = read_draft_vocab(Path(head_dir), config.vocab_size, device)
-    head = EagleHead(config, fc, layers, embed, lm_head, cos.to(device), sin.to(device), backend, vocab_ids, lm_head_int8)
-    if torch.device(device).type == "cpu":
-        choose_draft_kernels([fc] + [p for layer in layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)],
-                             head.lm_head)
-    return head
+    scoring = scoring_projection(lm_head, vocab_ids, lm_head_int8)
+    plan = draft_kernels(kernels, device, [fc] + [p for layer in layers for p in layer.projections()], scoring)
+    return EagleHead(config, fc, layers, embed, scoring, cos.to(device), sin.to(device), backend, vocab_ids, plan)
 
 
-def choose_draft_kernels(projections: list, lm_head) -> None:
-    """Times the CPU kernels on the draft process's own projections, its small weights (those
-    not in int8), else on its lm_head."""
+def scoring_projection(lm_head: torch.Tensor, vocab_ids: torch.Tensor | None, int8: bool) -> Linear | Int8Linear:
+    """lm_head [V, D] (the target's) -> the draft's scoring projection, int8 (CPU) or not. A
+    pruned vocabulary scores only its tokens (EAGLE-3's d2t): a smaller lm_head, and the rest of
+    the vocabulary at -inf (widen_vocab), so the draft never proposes what it was not trained on."""
+    return make_head_projection(lm_head if vocab_ids is None else lm_head[vocab_ids], int8)
+
+
+def draft_kernels(given: KernelPlan | None, device, projections: list, lm_head) -> KernelPlan:
+    """`given`, else on CPU the plan timed on the draft's own projections, its small weights
+    (those not in int8), else on its lm_head (tandem.models.linear.choose_kernels)."""
     own = [p for p in projections if isinstance(p, Linear)]
-    timed = own or [p for p in (lm_head,) if isinstance(p, Linear)]
-    if timed:
-        choose_cpu_kernels(timed)
+    return choose_kernels(given, device, own or [p for p in (lm_head,) if isinstance(p, Linear)])
 
 
 def target_embeddings(target: ModelConfig, target_dir: Path, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ embed_tokens.weight may be present and are not read: the head embeds with the ta
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,10 +36,11 @@ from tandem.attention.base import AttentionBackend
 from tandem.errors import InvalidArgument
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
-from tandem.models.eagle import EagleConfig, choose_draft_kernels, head_rope
+from tandem.models.eagle import EagleConfig, draft_kernels, head_rope
 from tandem.models.eagle_io import (WEIGHT_FILES, head_config_for_target, read_eagle_checkpoint, read_tensors,
                                     save_eagle_checkpoint, vocab_ids_from_d2t, widen_vocab)
-from tandem.models.linear import Int8Linear, Linear, make_head_projection
+from tandem.models.kernel_plan import DEFAULT_PLAN, KernelPlan
+from tandem.models.linear import Int8Linear, Linear, make_head_projection, with_plan
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
 from tandem.models.rope import rope_tables, signed_sin
 
@@ -129,13 +130,15 @@ class Eagle3Head:
     `forward` fuses the features as wide as fc's input (the target's), and takes narrower ones
     (its own outputs, fed back on draft steps) as they are."""
 
-    def __init__(self, config: Eagle3Config, weights: Eagle3Weights, embed: torch.Tensor, rope_cos: torch.Tensor,
-                 rope_sin: torch.Tensor, backend: AttentionBackend, vocab_ids: torch.Tensor | None = None,
-                 lm_head_int8: bool = False):
-        self.config, self.weights = config, weights
+    def __init__(self, config: Eagle3Config, weights: Eagle3Weights, embed: torch.Tensor,
+                 lm_head: Linear | Int8Linear,  # D -> V': weights.lm_head, int8 (CPU) or not
+                 rope_cos: torch.Tensor, rope_sin: torch.Tensor, backend: AttentionBackend,
+                 vocab_ids: torch.Tensor | None = None, kernels: KernelPlan = DEFAULT_PLAN):
+        self.config, self.kernels = config, kernels
+        self.weights = replace(weights, fc=with_plan(weights.fc, kernels), layer=weights.layer.with_kernels(kernels))
         self.embed, self.vocab_size = embed, config.vocab_size
         self.vocab_ids = vocab_ids
-        self.lm_head = make_head_projection(weights.lm_head, lm_head_int8)
+        self.lm_head = with_plan(lm_head, kernels)
         self.dtype = weights.norm.dtype
         self.rope_cos = rope_cos.to(self.dtype)
         self.rope_sin = signed_sin(rope_sin).to(self.dtype)
@@ -239,8 +242,10 @@ def draft_vocab(c: Eagle3Config, state: dict[str, torch.Tensor], device) -> torc
 
 def load_eagle3_head(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, backend: AttentionBackend,
                      device: torch.device | str = "cpu", max_positions: int | None = None,
-                     lm_head_int8: bool = False, head_int8: bool = False) -> Eagle3Head:
-    """The EAGLE-3 head of `head_dir` with the embedding of the target in `target_dir`."""
+                     lm_head_int8: bool = False, head_int8: bool = False,
+                     kernels: KernelPlan | None = None) -> Eagle3Head:
+    """The EAGLE-3 head of `head_dir` with the embedding of the target in `target_dir`;
+    kernels: the CPU kernel plan (--cpu-kernels), None: timed on CPU (eagle.draft_kernels)."""
     raw, state = read_eagle_checkpoint(head_dir)
     target = ModelConfig.from_folder(target_dir)
     config = Eagle3Config.from_dict(raw, target)
@@ -251,12 +256,10 @@ def load_eagle3_head(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, ba
     embed = target_embed(Path(target_dir), dtype, device)
     inv_freq, scaling = head_rope(Path(head_dir), raw)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.layer.max_position_embeddings)
-    head = Eagle3Head(config, weights, embed, cos.to(device), sin.to(device), backend,
-                      draft_vocab(config, state, device), lm_head_int8)
-    if torch.device(device).type == "cpu":
-        layer = weights.layer
-        choose_draft_kernels([weights.fc, layer.qkv, layer.o, layer.gate_up, layer.down], head.lm_head)
-    return head
+    lm_head = make_head_projection(weights.lm_head, lm_head_int8)
+    plan = draft_kernels(kernels, device, [weights.fc, *weights.layer.projections()], lm_head)
+    return Eagle3Head(config, weights, embed, lm_head, cos.to(device), sin.to(device), backend,
+                      draft_vocab(config, state, device), plan)
 
 
 def target_embed(target_dir: Path, dtype, device) -> torch.Tensor:

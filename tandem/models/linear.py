@@ -28,25 +28,19 @@ which a third copy of every weight would buy back, for 22% on 2 rows and 8 rows.
 """
 
 import logging
-import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from tandem.cpu_load import BusyClock, others_busy_s, resolution_s
-from tandem.errors import InvalidArgument
+from tandem.models.kernel_plan import CPU_KERNELS, DEFAULT_PLAN, MAX_FLAT_ROWS, KernelPlan
 
 log = logging.getLogger(__name__)
 
-MAX_FLAT_ROWS = 3  # above this, the blocked copy where there is one
 QUIET_SHARE = 0.25  # of one core: more CPU taken by other processes while timing kernels times them again
 CALIBRATION_ATTEMPTS = 4
-CPU_KERNELS = ("matvec", "flat", "blocked")  # W @ x^T (one row only), F.linear, oneDNN's blocked copy
-# The kernel for 1..MAX_FLAT_ROWS rows on CPU in this process: the Xeon's choice until
-# calibrate_cpu_kernels (or use_cpu_kernels) sets another. A process runs one model.
-_cpu_plan: list[str] = ["matvec", "flat", "flat"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +48,11 @@ class Linear:
     weight: torch.Tensor  # [out, in] contiguous
     bias: torch.Tensor | None = None  # [out]
     blocked: torch.Tensor | None = None  # oneDNN's reordered copy of weight (CPU, fp32)
+    plan: KernelPlan = DEFAULT_PLAN  # the CPU kernel for each row count, the model's
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, in] -> [M, out]."""
-        rows = x.shape[0]
-        kernel = "blocked" if rows > MAX_FLAT_ROWS else _cpu_plan[rows - 1]
-        return self.run(kernel, x)
+        return self.run(self.plan.kernel(x.shape[0]), x)
 
     def run(self, kernel: str, x: torch.Tensor) -> torch.Tensor:
         """x through `kernel` where it applies (the blocked copy exists; a matrix-vector product
@@ -119,23 +112,29 @@ def make_head_projection(weight: torch.Tensor, int8: bool, bias: torch.Tensor | 
     return quantize_int8(weight, bias) if int8 else make_linear(weight, bias)
 
 
-def use_cpu_kernels(plan: tuple[str, ...]) -> None:
-    """Sets this process's CPU kernel for 1..MAX_FLAT_ROWS rows (names from CPU_KERNELS)."""
-    if len(plan) != MAX_FLAT_ROWS or not set(plan) <= set(CPU_KERNELS):
-        raise ValueError(f"a CPU kernel plan is {MAX_FLAT_ROWS} names of {CPU_KERNELS}, got {plan}")
-    _cpu_plan[:] = plan
+def with_plan(projection, plan: KernelPlan):
+    """The projection running `plan`'s CPU kernels (the same tensors); an Int8Linear as it is."""
+    return replace(projection, plan=plan) if isinstance(projection, Linear) else projection
 
 
-def cpu_kernels() -> tuple[str, ...]:
-    return tuple(_cpu_plan)
+def choose_kernels(given: KernelPlan | None, device, linears: list[Linear]) -> KernelPlan:
+    """`given` (--cpu-kernels) where there is one, else on CPU the plan timed on these
+    projections (calibrate_cpu_kernels), else DEFAULT_PLAN (a GPU runs F.linear whatever it says)."""
+    if given is not None:
+        return given
+    if torch.device(device).type != "cpu" or not linears:
+        return DEFAULT_PLAN
+    plan = calibrate_cpu_kernels(linears)
+    log.info("CPU kernels for 1..%d rows: %s", MAX_FLAT_ROWS, plan)
+    return plan
 
 
-def calibrate_cpu_kernels(linears: list[Linear], repeats: int = 3, others_clock: BusyClock = others_busy_s) -> tuple[str, ...]:
+def calibrate_cpu_kernels(linears: list[Linear], repeats: int = 3, others_clock: BusyClock = others_busy_s) -> KernelPlan:
     """Times every kernel that applies over all of `linears` (a model's projections: their real
     sizes and memory traffic) for 1..MAX_FLAT_ROWS rows, the best of `repeats` interleaved
-    passes, and uses the fastest for each row count (about a second for the default model).
+    passes, and returns the fastest for each row count (about a second for the default model).
 
-    Other processes computing at the same time skew the choice, and it lasts the process's
+    Other processes computing at the same time skew the choice, and it lasts the model's
     life: on a 2-core AMD EPYC with another process multiplying matrices, 7 calibrations in 8
     chose a one-row kernel 3x slower than the blocked one (a decode step twice as long). So
     while others took more than QUIET_SHARE of a core's time (beyond what the busy clock's ticks
@@ -154,12 +153,11 @@ def calibrate_cpu_kernels(linears: list[Linear], repeats: int = 3, others_clock:
             log.info("CPU kernels: other processes took %.0f%% of a core while they were timed; timing again", 100 * share)
         else:
             log.warning("CPU kernels %s were timed while other processes took %.0f%% of a core; if steps are slow,"
-                        " fix them with TANDEM_CPU_KERNELS (e.g. blocked,blocked,blocked)", ",".join(plan), 100 * share)
-    use_cpu_kernels(plan)
+                        " fix them with --cpu-kernels (TANDEM_CPU_KERNELS, e.g. blocked,blocked,blocked)", plan, 100 * share)
     return plan
 
 
-def _measure_cpu_kernels(linears: list[Linear], repeats: int) -> tuple[str, ...]:
+def _measure_cpu_kernels(linears: list[Linear], repeats: int) -> KernelPlan:
     """The fastest kernel for each of 1..MAX_FLAT_ROWS rows (see calibrate_cpu_kernels)."""
     candidates = [k for k in CPU_KERNELS if k != "blocked" or all(lin.blocked is not None for lin in linears)]
     plan = []
@@ -175,18 +173,4 @@ def _measure_cpu_kernels(linears: list[Linear], repeats: int) -> tuple[str, ...]
                 if attempt:  # the first pass warms caches and oneDNN's primitives
                     best[kernel] = min(best[kernel], time.perf_counter() - start)
         plan.append(min(kernels, key=best.__getitem__))
-    return tuple(plan)
-
-
-def choose_cpu_kernels(linears: list[Linear]) -> tuple[str, ...]:
-    """$TANDEM_CPU_KERNELS where set (e.g. "blocked,blocked,blocked": the same choice on every
-    start), else measured on these projections (calibrate_cpu_kernels)."""
-    fixed = os.environ.get("TANDEM_CPU_KERNELS", "").strip()
-    if not fixed:
-        return calibrate_cpu_kernels(linears)
-    plan = tuple(k.strip() for k in fixed.split(","))
-    try:
-        use_cpu_kernels(plan)
-    except ValueError as e:
-        raise InvalidArgument(f"TANDEM_CPU_KERNELS: {e}") from None
-    return plan
+    return KernelPlan(tuple(plan))

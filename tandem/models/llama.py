@@ -8,7 +8,7 @@ which is what a memory-bound decode step wants. Weights keep nn.Linear's [out, i
 verify step).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from tandem.attention.base import AttentionBackend
 from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
-from tandem.models.linear import Linear
+from tandem.models.kernel_plan import DEFAULT_PLAN, KernelPlan
+from tandem.models.linear import Linear, with_plan
 from tandem.models.rope import apply_rope, signed_sin
 
 
@@ -29,6 +30,14 @@ class LayerWeights:
     gate_up: Linear  # D -> 2 * I
     down: Linear  # I -> D
 
+    def projections(self) -> list[Linear]:
+        return [self.qkv, self.o, self.gate_up, self.down]
+
+    def with_kernels(self, plan: KernelPlan) -> "LayerWeights":
+        """The same weights, their projections running `plan`'s CPU kernels."""
+        return replace(self, qkv=with_plan(self.qkv, plan), o=with_plan(self.o, plan),
+                       gate_up=with_plan(self.gate_up, plan), down=with_plan(self.down, plan))
+
 
 @dataclass(frozen=True, slots=True)
 class ModelWeights:
@@ -36,6 +45,14 @@ class ModelWeights:
     layers: tuple[LayerWeights, ...]
     norm: torch.Tensor  # [D]
     lm_head: Linear  # D -> V (over embed itself when tied)
+
+    def projections(self) -> list[Linear]:
+        """Every projection of a forward pass, in its order."""
+        return [p for layer in self.layers for p in layer.projections()] + [self.lm_head]
+
+    def with_kernels(self, plan: KernelPlan) -> "ModelWeights":
+        return replace(self, layers=tuple(layer.with_kernels(plan) for layer in self.layers),
+                       lm_head=with_plan(self.lm_head, plan))
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +82,11 @@ class LlamaModel:
         rope_cos: torch.Tensor,  # [max_positions, head_dim] fp32
         rope_sin: torch.Tensor,
         backend: AttentionBackend,
+        kernels: KernelPlan = DEFAULT_PLAN,  # the CPU kernel of every projection for each row count
     ):
         self.config = config
-        self.weights = weights
+        self.kernels = kernels
+        self.weights = weights.with_kernels(kernels)
         self.dtype = weights.embed.dtype
         self.rope_cos = rope_cos.to(self.dtype)
         self.rope_sin = signed_sin(rope_sin).to(self.dtype)

@@ -1,6 +1,5 @@
 """Loads a Hugging Face safetensors folder of a Llama-family model into our LlamaModel."""
 
-import logging
 from pathlib import Path
 
 import torch
@@ -9,11 +8,11 @@ from safetensors.torch import load_file
 from tandem.attention.base import AttentionBackend
 from tandem.errors import InvalidArgument
 from tandem.models.config import ModelConfig
-from tandem.models.linear import Linear, choose_cpu_kernels, make_linear
+from tandem.models.kernel_plan import KernelPlan
+from tandem.models.linear import choose_kernels, make_linear
 from tandem.models.llama import LayerWeights, LlamaModel, ModelWeights
 from tandem.models.rope import inverse_frequencies, rope_tables
 
-log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -66,11 +65,6 @@ def build_weights(config: ModelConfig, state: dict[str, torch.Tensor], dtype: to
     )
 
 
-def projections(weights: ModelWeights) -> list[Linear]:
-    """Every projection of a forward pass, in its order."""
-    return [lin for layer in weights.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [weights.lm_head]
-
-
 def load_model(
     model_dir: Path,
     *,
@@ -78,12 +72,12 @@ def load_model(
     backend: AttentionBackend,
     device: torch.device | str = "cpu",
     max_positions: int | None = None,
+    kernels: KernelPlan | None = None,
 ) -> LlamaModel:
+    """kernels: the CPU kernel plan (--cpu-kernels); None: timed on the model's projections on CPU."""
     config = ModelConfig.from_folder(model_dir)
     weights = build_weights(config, read_state_dict(model_dir), dtype, device)
-    if torch.device(device).type == "cpu":
-        plan = choose_cpu_kernels(projections(weights))
-        log.info("CPU kernels for 1..%d rows: %s", len(plan), ", ".join(plan))
+    plan = choose_kernels(kernels, device, weights.projections())
     inv_freq, scaling = inverse_frequencies(model_dir)
     cos, sin = rope_tables(inv_freq, scaling, max_positions or config.max_position_embeddings)
-    return LlamaModel(config, weights, cos.to(device), sin.to(device), backend)
+    return LlamaModel(config, weights, cos.to(device), sin.to(device), backend, plan)

@@ -42,7 +42,8 @@ from safetensors.torch import load_file, save_file
 from tandem.errors import InvalidArgument
 from tandem.models.config import ModelConfig
 from tandem.models.eagle_io import read_draft_vocab, read_tensors, widen_vocab
-from tandem.models.linear import Int8Linear, Linear, make_head_projection
+from tandem.models.kernel_plan import DEFAULT_PLAN, KernelPlan
+from tandem.models.linear import Int8Linear, Linear, make_head_projection, with_plan
 
 log = logging.getLogger(__name__)
 PREFIX = "medusa_head."
@@ -169,11 +170,12 @@ def read_medusa_checkpoint(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor
 
 def build_medusa_heads(config: MedusaConfig, state: dict[str, torch.Tensor], dtype, device,
                        target_lm_head: torch.Tensor | None, vocab_ids: torch.Tensor | None = None,
-                       lm_head_int8: bool = False) -> MedusaHeads:
+                       lm_head_int8: bool = False, kernels: KernelPlan = DEFAULT_PLAN) -> MedusaHeads:
     """Checks every key and shape of a public state dict; target_lm_head [V, D] is used when
     the checkpoint has no lm_head of its own (and may be None when it has); vocab_ids: the
     target ids of a pruned vocabulary, whose rows of every lm_head are kept; lm_head_int8: the
-    shared lm_head scores in int8 (CPU; heads with lm_heads of their own keep them as they are)."""
+    shared lm_head scores in int8 (CPU; heads with lm_heads of their own keep them as they are);
+    kernels: the shared lm_head's CPU kernel plan (Medusa never times its own)."""
     d, v, n = config.hidden_size, config.vocab_size, config.num_layers
     expected = {}
     for i in range(config.num_heads):
@@ -215,19 +217,21 @@ def build_medusa_heads(config: MedusaConfig, state: dict[str, torch.Tensor], dty
     if target_lm_head is None:
         raise InvalidArgument("Medusa checkpoint has no lm_head weights and no target lm_head was given")
     shared = make_head_projection(target_lm_head[keep].to(device=device, dtype=dtype), lm_head_int8)
-    return MedusaHeads(config, blocks, biases, None, shared, vocab_ids)
+    return MedusaHeads(config, blocks, biases, None, with_plan(shared, kernels), vocab_ids)
 
 
 def load_medusa_heads(head_dir: Path, target_dir: Path, *, dtype: torch.dtype, device="cpu",
-                      lm_head_int8: bool = False) -> MedusaHeads:
-    """The heads of `head_dir` (public format); the target's lm_head when they have none."""
+                      lm_head_int8: bool = False, kernels: KernelPlan | None = None) -> MedusaHeads:
+    """The heads of `head_dir` (public format); the target's lm_head when they have none.
+    kernels: the CPU kernel plan (--cpu-kernels); None: DEFAULT_PLAN."""
     raw, state = read_medusa_checkpoint(head_dir)
     target = ModelConfig.from_folder(target_dir)
     config = MedusaConfig.from_dict(raw, target)
     shares = f"{PREFIX}0.{config.num_layers}.weight" not in state
     lm_head = target_lm_head(target, Path(target_dir)) if shares else None
     vocab_ids = read_draft_vocab(Path(head_dir), config.vocab_size, device)
-    return build_medusa_heads(config, state, dtype, device, lm_head, vocab_ids, lm_head_int8)
+    return build_medusa_heads(config, state, dtype, device, lm_head, vocab_ids, lm_head_int8,
+                              kernels or DEFAULT_PLAN)
 
 
 def target_lm_head(target: ModelConfig, target_dir: Path) -> torch.Tensor:

@@ -1,14 +1,17 @@
 """Every row count takes a kernel (matrix-vector, F.linear, oneDNN's blocked copy); all of them
 compute nn.Linear's product; the int8 projection for a draft's lm_head comes close to it."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
 from tandem.errors import InvalidArgument
+from tandem.models.kernel_plan import DEFAULT_PLAN, KernelPlan, plan_from_flag
 from tandem.models.linear import (CALIBRATION_ATTEMPTS, CPU_KERNELS, MAX_FLAT_ROWS, calibrate_cpu_kernels,
-                                  choose_cpu_kernels, cpu_kernels, make_linear, quantize_int8, use_cpu_kernels)
+                                  choose_kernels, make_linear, quantize_int8, with_plan)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -85,29 +88,34 @@ def test_int8_projection_is_cpu_only():
         quantize_int8(torch.empty(4, 4, device="meta"))
 
 
-@pytest.fixture
-def restored_plan():
-    before = cpu_kernels()
-    yield
-    use_cpu_kernels(before)
-
-
 @pytest.mark.parametrize("kernel", CPU_KERNELS)
 @pytest.mark.parametrize("rows", range(1, MAX_FLAT_ROWS + 1))
-def test_every_cpu_kernel_a_plan_may_name_computes_the_product(restored_plan, kernel, rows):
-    use_cpu_kernels((kernel,) * MAX_FLAT_ROWS)
+def test_every_cpu_kernel_a_plan_may_name_computes_the_product(kernel, rows):
+    plan = KernelPlan((kernel,) * MAX_FLAT_ROWS)
     g = torch.Generator().manual_seed(rows)
     weight, bias, x = torch.randn(48, 40, generator=g), torch.randn(48, generator=g), torch.randn(rows, 40, generator=g)
-    assert_close(make_linear(weight, bias)(x), F.linear(x, weight, bias))
+    assert_close(with_plan(make_linear(weight, bias), plan)(x), F.linear(x, weight, bias))
 
 
-def test_calibration_picks_a_kernel_per_row_count_and_uses_it(restored_plan):
+def test_a_linear_runs_its_plans_kernel_for_each_row_count(monkeypatch):
+    linear = with_plan(make_linear(torch.randn(8, 8)), KernelPlan(("blocked", "matvec", "flat")))
+    ran = []
+    monkeypatch.setattr(type(linear), "run", lambda self, kernel, x: ran.append(kernel))
+    for rows in (1, 2, 3, MAX_FLAT_ROWS + 1):
+        linear(torch.randn(rows, 8))
+    assert ran == ["blocked", "matvec", "flat", "blocked"]
+    assert make_linear(torch.randn(8, 8)).plan == DEFAULT_PLAN
+    int8 = quantize_int8(torch.randn(8, 8))
+    assert with_plan(int8, linear.plan) is int8  # its one kernel serves every row count
+
+
+def test_calibration_picks_a_kernel_per_row_count_and_uses_it():
     linears = [make_linear(torch.randn(64, 32)), make_linear(torch.randn(32, 64))]
     plan = calibrate_cpu_kernels(linears, repeats=1)
-    assert len(plan) == MAX_FLAT_ROWS and set(plan) <= set(CPU_KERNELS) and "matvec" not in plan[1:]
-    assert cpu_kernels() == plan
+    assert len(plan.by_rows) == MAX_FLAT_ROWS and set(plan.by_rows) <= set(CPU_KERNELS) and "matvec" not in plan.by_rows[1:]
+    assert choose_kernels(None, "meta", linears) == DEFAULT_PLAN  # a GPU's: F.linear whatever the plan says
     bf16 = [make_linear(torch.randn(64, 32).bfloat16())]  # no blocked copy: never chosen
-    assert "blocked" not in calibrate_cpu_kernels(bf16, repeats=1)
+    assert "blocked" not in calibrate_cpu_kernels(bf16, repeats=1).by_rows
 
 
 class _OthersClock:
@@ -124,11 +132,11 @@ class _OthersClock:
         return self.now
 
 
-def test_calibration_times_again_while_other_processes_compute(restored_plan, caplog):
+def test_calibration_times_again_while_other_processes_compute(caplog):
     linears = [make_linear(torch.randn(64, 32))]
     clock = _OthersClock(busy=2)
     plan = calibrate_cpu_kernels(linears, repeats=1, others_clock=clock)
-    assert clock.readings == 2 * 3 and cpu_kernels() == plan  # two busy attempts, then a quiet one
+    assert clock.readings == 2 * 3 and isinstance(plan, KernelPlan)  # two busy attempts, then a quiet one
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     clock = _OthersClock(busy=CALIBRATION_ATTEMPTS)
     calibrate_cpu_kernels(linears, repeats=1, others_clock=clock)
@@ -136,7 +144,7 @@ def test_calibration_times_again_while_other_processes_compute(restored_plan, ca
     assert any(r.levelname == "WARNING" and "TANDEM_CPU_KERNELS" in r.getMessage() for r in caplog.records)
 
 
-def test_calibration_allows_for_the_busy_clocks_ticks(restored_plan):
+def test_calibration_allows_for_the_busy_clocks_ticks():
     """Other processes' time comes in clock ticks per CPU: under a tick on every CPU over a
     short timing (a small head's takes milliseconds) is no sign of load."""
     from tandem.cpu_load import resolution_s
@@ -151,22 +159,30 @@ def test_calibration_allows_for_the_busy_clocks_ticks(restored_plan):
     assert len(readings) == 2  # timed once
 
 
-def test_calibration_without_a_busy_clock_measures_once(restored_plan):
+def test_calibration_without_a_busy_clock_measures_once():
     calls = []
     plan = calibrate_cpu_kernels([make_linear(torch.randn(64, 32))], repeats=1, others_clock=lambda: calls.append(1))
-    assert len(calls) == 1 and cpu_kernels() == plan
+    assert len(calls) == 1 and isinstance(plan, KernelPlan)
 
 
-def test_a_plan_names_known_kernels_for_each_flat_row_count(restored_plan):
+def test_a_plan_names_known_kernels_for_each_flat_row_count():
     for bad in [("matvec",), ("matvec", "flat", "fast")]:
         with pytest.raises(ValueError, match="CPU kernel plan"):
-            use_cpu_kernels(bad)
+            KernelPlan(bad)
 
 
-def test_tandem_cpu_kernels_fixes_the_plan_instead_of_measuring(restored_plan, monkeypatch):
+def test_tandem_cpu_kernels_fixes_the_plan_instead_of_measuring(monkeypatch):
+    """The variable is read by the command line (--cpu-kernels' fallback) and reaches the
+    services' configs as a plan; the model then runs it instead of timing its own."""
+    from tandem.cli import build_parser, draft_config, target_config
+
     linears = [make_linear(torch.randn(64, 32))]
     monkeypatch.setenv("TANDEM_CPU_KERNELS", "flat, blocked,blocked")
-    assert choose_cpu_kernels(linears) == ("flat", "blocked", "blocked") == cpu_kernels()
+    target = target_config(build_parser().parse_args(["target"]), Path("/m"))
+    draft = draft_config(build_parser().parse_args(["draft", "--draft-model", "/h"]), Path("/m"))
+    assert target.cpu_kernels == draft.cpu_kernels == KernelPlan(("flat", "blocked", "blocked"))
+    assert choose_kernels(target.cpu_kernels, "cpu", linears) == target.cpu_kernels
+    assert plan_from_flag("") is None
     monkeypatch.setenv("TANDEM_CPU_KERNELS", "fast,flat,flat")
     with pytest.raises(InvalidArgument, match="TANDEM_CPU_KERNELS"):
-        choose_cpu_kernels(linears)
+        target_config(build_parser().parse_args(["target"]), Path("/m"))

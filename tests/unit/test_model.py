@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 from tandem.attention.base import SequenceSlice
 from tandem.attention.torch_backend import TorchAttention
 from tandem.kv.cache import PagedKVCache
+from tandem.models.kernel_plan import KernelPlan
 from tandem.models.llama import ForwardBatch, LlamaModel
 from tandem.models.loader import load_model
 from tandem.testing.tiny import build_tiny_model
@@ -169,6 +170,14 @@ def test_loaded_config_matches_checkpoint(folders):
     untied = ours(folders("llama-untied"))
     assert not untied.config.tie_word_embeddings
     assert (untied.logits(hidden) - hidden @ untied.weights.embed.T).abs().max() > 1e-2
+
+
+def test_a_model_holds_its_kernel_plan_and_gives_it_to_every_projection(folders):
+    plan = KernelPlan(("flat", "blocked", "matvec"))
+    model = load_model(folders("llama"), dtype=torch.float32, backend=TorchAttention(), kernels=plan)
+    assert model.kernels == plan and {p.plan for p in model.weights.projections()} == {plan}
+    timed = ours(folders("llama"))  # timed on its projections, on CPU
+    assert {p.plan for p in timed.weights.projections()} == {timed.kernels}
 
 
 # -- (c) chunked prefill ---------------------------------------------------------------------------
