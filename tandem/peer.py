@@ -40,9 +40,8 @@ def one_torch_thread() -> None:
     torch was last set to (all cores by default), and OpenMP keeps a team per calling thread
     whose workers spin a while after every op on a vocabulary row, beside the compute thread's
     forward pass: sampled steps, whose proposal rows the target decodes, ran a third slower on 2
-    cores (EAGLE chain of 1: 60.8 ms a step at temperature 1 against 45.2 greedy; with one thread
-    here 44.8 against 42.1). It also sets what threads started later begin with; the compute
-    threads set their own count when they start."""
+    cores (docs/benchmarks.md, the peer-stream threads). It also sets what threads started later
+    begin with; the compute threads set their own count when they start."""
     torch.set_num_threads(1)
 
 

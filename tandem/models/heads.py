@@ -3,27 +3,18 @@ default.
 
 `--draft auto` drafts with the shipped EAGLE head on GPUs, where a verify pass of a few dozen
 tokens costs about what one token does, in an EAGLE-2 dynamic tree of depth 4 that keeps the 30
-most probable nodes of each frontier node's top-8 children. Served on the first 10 MT-bench
-questions x 96 tokens (head v4, fp32 target; `tandem bench --mode shapes`, docs/benchmarks.md),
-that tree accepts 1.98 tokens per verify greedy and 1.55 at temperature 1, against 1.46 and
-1.45 for a chain of 4 (a 16-node top-4 tree: 1.77 and 1.41). Both take 4 draft rounds a step;
-the tree's are wider. With head v5 on all 80 questions x 128 tokens (`tandem bench --mode spec`)
-the tree accepts 2.23 greedy against 1.59 for the chain. Its cost on a GPU has not been measured
-here. `--draft medusa` on a GPU verifies the first 30 nodes of the Medusa head's own tree (the
-same node budget; listed best first, tandem.models.medusa): walked 1.72 on questions 41-80,
-fit on 1-40.
+most probable nodes of each frontier node's top-8 children: of the depth-4 shapes served, it
+accepts the most tokens a verify (docs/benchmarks.md, "Which draft shape pays"; its cost on a
+GPU has not been measured here). `--draft medusa` on a GPU verifies the first 30 nodes of the
+Medusa head's own tree (the same node budget; listed best first, tandem.models.medusa).
 
 On a CPU it drafts too, in an EAGLE-2 tree of depth 2 that keeps 4 nodes of each expanded node's
 top-2 children, and only for a stream decoding alone (the router's --spec-disable-batch-size 2:
 with concurrent streams a verify of several tokens a sequence costs more than the drafts save
-here). On an AMD EPYC of 2 cores (AVX-512), fp32, all 80 MT-bench first turns x 128 tokens,
-greedy, one stream: plain decoding 41.2 tok/s, that tree 50.1 (1.22x plain, 2.26x transformers'
-`generate`), accepting 1.78 tokens a verify, and 1.29x / 2.52x once the draft's own step was cut
-(int8 projections, ranking the pruned vocabulary); a chain of 2 46.2 (1.12x); on 16 questions the
-depth-1 tree of 2 nodes that was the CPU shape before gave 1.12x against this one's 1.21x
-(docs/benchmarks.md). Until the services bounded OpenMP's busy-waiting (tandem.cli) every shape
-lost on CPU (0.71-0.83x on the same machine), which is why CPUs decoded plainly by default.
-Medusa on a CPU takes the same depth and node count of its own tree.
+here). That shape was the fastest served on a 2-core AMD EPYC once the services bounded OpenMP's
+busy-waiting (tandem.cli), before which every shape lost on CPU and CPUs decoded plainly by
+default: bench/results/notes/2026-12-06-openmp-busy-wait.md has the figures. Medusa on a CPU
+takes the same depth and node count of its own tree.
 """
 
 from dataclasses import dataclass

@@ -1,30 +1,14 @@
 """A projection in nn.Linear's [out, in] layout, with the CPU kernel chosen by the number of rows.
 
 A decode step projects one row per sequence, a verify step a handful (the root and the drafted
-tokens), a batch of decodes one per sequence. MKL's sgemm over [in, out] weights (`x @ w`, what
-tandem did before) ran a 2-row verify of the 135M default model at 1.4x a 1-row step on this
-machine's Xeon, eating most of what speculation saves. All the default model's matmuls, fp32,
-2 threads, ms:
-
-    rows                    1     2     3     4     8    16    64   256
-    x @ w, [in, out]      21.6  30.4  35.6  37.8  51.3  59.9  89.6  272
-    W @ x^T, [out, in]    21.8  58.0  56.3  59.4  57.8  52.2  96.8  265
-    F.linear, [out, in]   22.9  24.6  26.5  42.0  53.1  53.4  95.5  276
-    oneDNN, blocked copy  27.5  29.2  32.7  29.7  35.4  42.0  92.5  259
-
-So on that CPU: one row is a matrix-vector product, 2-3 rows go to `F.linear`, more to oneDNN over
-a copy of the weight reordered once into its blocked layout (fp32; it doubles the weights' memory,
-which on CPU is the small default model's). CUDA takes `F.linear` for any row count, as nn.Linear.
-
-That table is an Intel Xeon's. On an AMD EPYC (AVX2, 2 cores) the same whole set of matmuls ran,
-ms: one row 49-51 as a matrix-vector product against 30-33 through the blocked copy; 2 and 3
-rows 80-105 through `F.linear` against 34-37 blocked. No one choice suits both, so a CPU process
-that loads a model measures its own (`calibrate_cpu_kernels`, on the model's projections, on the
-thread that will run them) for 1 to MAX_FLAT_ROWS rows; more rows always take the blocked copy.
-
-In the default model's whole forward (fp32, on a pool thread as the services run it) one row
-takes 28.9 ms against 27.7 with `x @ w` over an [in, out] copy: 4% given up on a single stream,
-which a third copy of every weight would buy back, for 22% on 2 rows and 8 rows.
+tokens), a batch of decodes one per sequence. On CPU each row count has its own fastest kernel,
+and which one differs from one processor to another: a matrix-vector product, `F.linear`, or
+oneDNN over a copy of the weight reordered once into its blocked layout (fp32; it doubles the
+weights' memory, which on CPU is the small default model's). So a model holds a KernelPlan
+(tandem.models.kernel_plan) for 1 to MAX_FLAT_ROWS rows, timed on its own projections when it
+loads (`calibrate_cpu_kernels`, on the thread that will run them) or given by --cpu-kernels;
+more rows always take the blocked copy. CUDA takes `F.linear` for any row count, as nn.Linear.
+The timings behind this: bench/results/notes/2026-12-03-cpu-kernels-by-row-count.md.
 """
 
 import logging
@@ -134,12 +118,13 @@ def calibrate_cpu_kernels(linears: list[Linear], repeats: int = 3, others_clock:
     sizes and memory traffic) for 1..MAX_FLAT_ROWS rows, the best of `repeats` interleaved
     passes, and returns the fastest for each row count (about a second for the default model).
 
-    Other processes computing at the same time skew the choice, and it lasts the model's
-    life: on a 2-core AMD EPYC with another process multiplying matrices, 7 calibrations in 8
-    chose a one-row kernel 3x slower than the blocked one (a decode step twice as long). So
-    while others took more than QUIET_SHARE of a core's time (beyond what the busy clock's ticks
-    blur over a short timing: tandem.cpu_load.resolution_s), it measures again, up to
-    CALIBRATION_ATTEMPTS times, then keeps the last choice with a warning."""
+    Other processes computing at the same time skew the choice, and it lasts the model's life:
+    on a 2-core AMD EPYC with another process multiplying matrices, 7 calibrations in 8 chose a
+    one-row kernel 3x slower than the blocked one
+    (bench/results/notes/2026-12-06-cpu-kernels-int8-lm-head.md). So while others took more than
+    QUIET_SHARE of a core's time (beyond what the busy clock's ticks blur over a short timing:
+    tandem.cpu_load.resolution_s), it measures again, up to CALIBRATION_ATTEMPTS times, then
+    keeps the last choice with a warning."""
     for attempt in range(1, CALIBRATION_ATTEMPTS + 1):
         started, others = time.perf_counter(), others_clock()
         plan = _measure_cpu_kernels(linears, repeats)

@@ -16,10 +16,8 @@ every shard it finished and a later one resumes:
 The target runs through transformers (AutoModelForCausalLM), not tandem's paged LlamaModel:
 generation is a static batch, where transformers' DynamicCache does the job, and rows are
 dropped from the batch (cache included) as soon as they finish, so short answers cost nothing
-after their end. Measured here (2 threads, bf16, batch 48): 530-550 tok/s on short prompts;
-277 tok/s (1.28 prompts/s) on ShareGPT prompts of up to 256 tokens with answers of up to 256
-(the KV concatenation grows with the context); features 2,470 tok/s. tandem's torch attention
-gathers the paged keys every layer, the same copy, and gains nothing for a static batch.
+after their end. tandem's torch attention gathers the paged keys every layer, the same copy as
+the cache's growing concatenation, and gains nothing for a static batch (throughput: docs/training.md).
 """
 
 import hashlib
