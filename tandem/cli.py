@@ -222,6 +222,7 @@ def cmd_health(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from tandem.bench.http_api import run_http_bench
     from tandem.bench.plain import run_bench
     from tandem.bench.prefix import run_prefix_bench
     from tandem.bench.rpc import run_rpc_bench
@@ -231,7 +232,8 @@ def cmd_bench(args) -> int:
     # A `kill` or a CI timeout sends SIGTERM, which Python's default ends the process on at once;
     # as SystemExit it unwinds the benches' context managers, which stop the services they started.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    modes = {"prefix": run_prefix_bench, "spec": run_spec_bench, "shapes": run_shapes_bench, "rpc": run_rpc_bench}
+    modes = {"prefix": run_prefix_bench, "spec": run_spec_bench, "shapes": run_shapes_bench, "rpc": run_rpc_bench,
+             "http": run_http_bench}
     return modes.get(args.mode, run_bench)(args)
 
 
