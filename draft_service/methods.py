@@ -63,7 +63,8 @@ def _describe_medusa(engine) -> tuple[int, str]:
 @dataclass(frozen=True, slots=True)
 class DraftMethod:
     """load: the head loader (head folder, target folder, dtype, device, int8 flags, CPU kernel
-    plan or None); engine: the engine class, built as engine(config, head, peer, tracing=);
+    plan or None); engine: the engine class (draft_service.protocol.DraftEngine), built as
+    engine(config, head, peer, tracing=);
     describe: what the engine's Info says, (draft tokens per sequence per step, 0 = the router's
     k; shape); default_shape: a deployment's shape when it names none."""
 
@@ -90,7 +91,3 @@ def draft_method(name: str) -> DraftMethod:
         raise InvalidArgument(f"draft method {name!r} is not one of {sorted(DRAFT_METHODS)}")
     return DRAFT_METHODS[name]
 
-
-def load_draft_head(method: str, model_dir: Path, target_dir: Path, dtype: str, device: str, lm_head_int8: bool = False,
-                    head_int8: bool = False):
-    return draft_method(method).load(model_dir, target_dir, dtype, device, lm_head_int8, head_int8)

@@ -4,6 +4,7 @@ sequence until a Draft call absorbs them, and sends draft probabilities back."""
 import logging
 import queue
 import threading
+from collections.abc import Callable
 
 import grpc
 import torch
@@ -24,7 +25,8 @@ KEEP_TRACE_CONTEXTS = 16  # target steps whose trace context is kept (a Draft ca
 
 
 class DraftPeer:
-    def __init__(self, target_address: str, device="cpu", tls: TlsConfig = PLAINTEXT):
+    def __init__(self, target_address: str, device="cpu", tls: TlsConfig = PLAINTEXT,
+                 on_connected: Callable[["DraftPeer"], None] = lambda peer: None):
         self.target_address = target_address
         self.tls = tls  # read at each connection: rotated certificates are used from the next
         self.device = device
@@ -40,7 +42,7 @@ class DraftPeer:
         self.feature_width: int | None = None  # the width of the hidden states it reads
         self.refusal: str | None = None  # why the target last refused the stream (INVALID_ARGUMENT)
         self._width_warned = False  # one warning a stream for hidden states of another width
-        self.on_connected = lambda: None  # the stream opened or closed: the server's health follows
+        self.on_connected = on_connected  # the stream opened or closed: the server's health follows
         self._target_instance = ""  # EngineInfo.instance_id of the target streamed from
         self._new_instance = False  # this stream's target is another process than the last one's
 
@@ -130,7 +132,7 @@ class DraftPeer:
             finally:
                 if self._connected:
                     self._connected = False
-                    self.on_connected()
+                    self.on_connected(self)
             self._stop.wait(REFUSED_RETRY_S if refused else RECONNECT_S)
 
     def _stream_once(self) -> None:
@@ -179,7 +181,7 @@ class DraftPeer:
                     del self._trace_contexts[old]
             self._cond.notify_all()
         if opened:  # outside the lock: a health watcher may block the callback
-            self.on_connected()
+            self.on_connected(self)
 
 
 def wait_for_hidden_states(peer, after_target_step: int, timeout_s: float) -> None:

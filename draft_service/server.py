@@ -2,6 +2,7 @@
 
 import logging
 import threading
+from collections.abc import Callable
 
 import torch
 from grpc_health.v1 import health_pb2
@@ -9,6 +10,7 @@ from grpc_health.v1 import health_pb2
 from draft_service.config import DraftConfig
 from draft_service.methods import DraftMethod, draft_method
 from draft_service.peer_client import DraftPeer
+from draft_service.protocol import DraftEngine
 from draft_service.servicer import SERVICE_NAME, DraftServicer
 from tandem.channels import bind, make_server
 from tandem.compute import compute_thread
@@ -29,24 +31,27 @@ def build_engine(config: DraftConfig, peer, tracing: Tracing | None = None) -> t
                        config.lm_head_quant == "int8", config.head_quant == "int8", config.cpu_kernels)
     peer.use_columns(head.vocab_ids)  # before the peer starts: the first stream sends them
     peer.use_features(head.feature_layers, head.feature_width)
-    return method.engine()(config, head, peer, tracing=tracing), method
+    engine = method.engine()(config, head, peer, tracing=tracing)
+    if not isinstance(engine, DraftEngine):  # a new method's engine must answer what the servicer asks
+        raise TypeError(f"draft method {config.method!r}: its engine is not a draft_service.protocol.DraftEngine")
+    return engine, method
 
 
-def follow_peer(health, peer: DraftPeer) -> None:
-    """SERVING only while the peer stream to the target is open: without it the draft has no
-    hidden states to draft from, and a router that saw it healthy would speculate into failures.
-    Each call reads the state afresh under one lock, so the last status set is the current one."""
+def follow_peer(health) -> Callable[[DraftPeer], None]:
+    """The peer's on_connected: SERVING only while its stream to the target is open (without it
+    the draft has no hidden states to draft from, and a router that saw it healthy would
+    speculate into failures). Each call reads the state afresh under one lock, so the last
+    status set is the current one."""
     lock = threading.Lock()
 
-    def sync() -> None:
+    def sync(peer: DraftPeer) -> None:
         with lock:
             serving = health_pb2.HealthCheckResponse.SERVING
             status = serving if peer.connected else health_pb2.HealthCheckResponse.NOT_SERVING
             for name in ("", SERVICE_NAME):
                 health.set(name, status)
 
-    peer.on_connected = sync
-    sync()
+    return sync
 
 
 def start_draft(config: DraftConfig, tracing: Tracing | None = None):
@@ -54,21 +59,22 @@ def start_draft(config: DraftConfig, tracing: Tracing | None = None):
     metrics server or None)."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    peer = DraftPeer(config.target_address, config.device, config.tls)
+    checks = [draft_policy(config.identities)] if config.tls.mutual else []
+    server = make_server(checks=checks)
+    health = add_health_and_reflection(server, [SERVICE_NAME])
+    peer_health = follow_peer(health)
+    peer = DraftPeer(config.target_address, config.device, config.tls, on_connected=peer_health)
     compute = compute_thread("draft-compute", config.num_threads or torch.get_num_threads())
     engine, kind = compute.submit(build_engine, config, peer, tracing).result()  # built where it computes
     peer.start()
     if not peer.wait_connected(config.hidden_timeout_s * 6):
         why = f": it refused it ({peer.refusal})" if peer.refusal else ""
         raise RuntimeError(f"draft: no peer stream to the target at {config.target_address}{why}")
-    checks = [draft_policy(config.identities)] if config.tls.mutual else []
-    server = make_server(checks=checks)
     max_draft_tokens, shape = kind.describe(engine)
     servicer = DraftServicer(engine, config.method, config.model_dir.name, compute,
                              max_draft_tokens=max_draft_tokens, shape=shape, tracing=tracing)
     engine_pb2_grpc.add_DraftEngineServicer_to_server(servicer, server)
-    health = add_health_and_reflection(server, [SERVICE_NAME])
-    follow_peer(health, peer)
+    peer_health(peer)
     port = bind(server, config.host, config.port, config.tls, "draft")
     server.start()
     probes = start_probes(health, config.host, config.health_port, "draft") if config.health_port else None

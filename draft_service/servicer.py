@@ -2,6 +2,7 @@
 
 from concurrent.futures import ThreadPoolExecutor
 
+from draft_service.protocol import DraftEngine
 from draft_service.tracing import DRAFT_SPAN, describe_draft
 from tandem import codec
 from tandem.grpc_server import answer_each
@@ -12,7 +13,7 @@ from tandem.v1 import engine_pb2, engine_pb2_grpc
 class DraftServicer(engine_pb2_grpc.DraftEngineServicer):
     """engine: any draft method's engine (draft_service.methods.DRAFT_METHODS)."""
 
-    def __init__(self, engine, method: str, model: str, compute: ThreadPoolExecutor, *, max_draft_tokens: int = 0,
+    def __init__(self, engine: DraftEngine, method: str, model: str, compute: ThreadPoolExecutor, *, max_draft_tokens: int = 0,
                  shape: str = "chain", tracing: Tracing | None = None):
         self.engine = engine
         self.tracing = tracing or Tracing.off()

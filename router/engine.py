@@ -11,17 +11,18 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from router.config import RouterConfig
 from router.limits import resolve_limits
 from router.output import OutputProcessor
+from router.postprocess import postprocess
 from router.overload import DrainRate, NeverFits, QueueFull
 from router.figures import RouterFigures
 from router.request import GenerationSpec, Request, new_request
-from router.scheduler import Scheduler, StepPlan
+from router.scheduler import Scheduler
+from router.step_plan import StepPlan
 from router.speculation import Speculator
 from router.target_link import RESET_RETRY_S, TargetLink
 from router.tokenizer import Tokenizer
@@ -33,19 +34,16 @@ from tandem.telemetry.tracing import Tracing
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class Counters:
-    requests_total: int = 0
-    prompt_tokens_total: int = 0
-    cached_prompt_tokens_total: int = 0
-    completion_tokens_total: int = 0
-    steps_total: int = 0
-    step_errors_total: int = 0
-    step_ms_total: float = 0.0
-    target_compute_ms_total: float = 0.0
-    kv_mirror_mismatches: int = 0  # steps after which the router's page view differed: a bug
-    target_restarts: int = 0  # targets found restarted between steps (instance_id)
-    requests_refused_total: int = 0  # the queue was full (max_waiting)
+class Wake(asyncio.Event):
+    """The engine loop's wake-up, made on the event loop; `ring` is safe from any thread (a
+    gRPC callback)."""
+
+    def __init__(self):
+        super().__init__()
+        self._running_loop = asyncio.get_running_loop()
+
+    def ring(self) -> None:
+        self._running_loop.call_soon_threadsafe(self.set)
 
 
 class RouterEngine:
@@ -59,36 +57,36 @@ class RouterEngine:
         first_step_id: int = 1,
         draft_max_num_sequence: int | None = None,
         tracing: Tracing | None = None,
+        wake: "Wake | None" = None,
+        on_serving: Callable[[bool], Awaitable[None]] | None = None,
     ):
+        """`wake`: the loop's wake-up, which the target link rings when its step stream ends
+        (made before both: see router/server.py). `on_serving(serving)`: reports the router's
+        health (gRPC health, /health)."""
         self.config = config
         self.tracing = RouterTracing(tracing or Tracing.off(), info.model)
         self.tokenizer = tokenizer
         self.target = target
-        # A stream that ends while idle wakes the loop: a target gone or restarted is found then,
-        # not at the next request, and the router's health follows it.
-        target.on_stream_end(self._wake_up)
         self.info = info
         self._draft_limits = (draft_max_num_sequence if speculator else None, speculator.max_draft_tokens if speculator else 0)
         self.limits = resolve_limits(config, info, *self._draft_limits)
         self._wrong_target = ""  # why the target, restarted, cannot be served (_adopt)
         self.serving = True  # the target is reachable and serves the router's model
-        self.on_serving: Callable[[bool], Awaitable[None]] | None = None  # reports it (gRPC health)
+        self.on_serving = on_serving
         self.speculator = speculator
         budget = (lambda: max(self.limits.spec_draft_length, speculator.max_draft_tokens)) if speculator else None
         self.scheduler = Scheduler(self.limits, speculator.wants if speculator else None, budget,
                                    (lambda: speculator.max_sequences) if speculator else None)
-        if speculator:
-            speculator.on_down = self.scheduler.draft_lost
-            speculator.on_up = self.scheduler.draft_back
-        self.counters = Counters()
         self.drain = DrainRate()  # requests finishing lately: a full queue's retry pushback
-        self.figures = RouterFigures()  # latencies and outcomes, for /metrics and Stats
+        self.figures = RouterFigures()  # counts, latencies and outcomes, for /metrics and Stats
         self._last_step = 0  # the last target step that completed
         self.kv_pages_free = info.kv_pages_total
         self._requests: list[Request] = []
         self._closing = False  # cancel_all ran: the router is going away
         self._step_ids = itertools.count(first_step_id)
-        self._wake = asyncio.Event()
+        # A step stream that ends while idle rings it: a target gone or restarted is found then,
+        # not at the next request, and the router's health follows it.
+        self._wake = wake or Wake()
         self._opened = -RESET_RETRY_S  # when _reopen last opened the step stream (time.monotonic())
         self._stream_ended = False  # a step stream was opened (and reopening means it ended)
         self._task: asyncio.Task | None = None
@@ -116,14 +114,12 @@ class RouterEngine:
         try:
             self.scheduler.enqueue(request)  # raises ResourceExhausted before anything is kept
         except QueueFull as e:
-            self.counters.requests_refused_total += 1
+            self.figures.requests_refused_total += 1
             e.retry_after_ms = self.drain.retry_after_ms(e.waiting)  # when the queue ahead drains
             raise
         self.tracing.added(request, span)
         self._requests.append(request)
-        self.counters.requests_total += 1
         self.figures.on_submit(request, arrived)
-        self.counters.prompt_tokens_total += len(spec.prompt_ids)
         self._wake.set()
         return request
 
@@ -171,8 +167,6 @@ class RouterEngine:
     def _retire(self, request: Request) -> None:
         if request in self._requests:
             self._requests.remove(request)
-            self.counters.completion_tokens_total += sum(len(s.output_ids) for s in request.choices)
-            self.counters.cached_prompt_tokens_total += request.cached_prompt_tokens
             reason = self.figures.on_finished(request)
             self.tracing.finished(request, reason)
             self.drain.record()
@@ -198,6 +192,8 @@ class RouterEngine:
                 self._fail(request, FailedPrecondition(self._wrong_target))
             await self._idle()  # until the stream ends: the target restarts, maybe with our model
             return
+        if self.speculator and self.speculator.take_back():
+            self.scheduler.draft_back()
         plan = self.scheduler.schedule()
         if plan.empty and not plan.draft_ops:
             await self._idle()
@@ -211,7 +207,7 @@ class RouterEngine:
 
     async def _reopen(self) -> None:
         """Checks the target, then opens the step stream before any step: its end wakes the
-        loop even while idle (_wake_up), so a target gone or restarted is found at once. A
+        loop even while idle (Wake.ring), so a target gone or restarted is found at once. A
         stream that ended took the router's sequences with it (the target drops them, as it
         would for a router that died): the target is reset and the router's view with it."""
         await asyncio.sleep(self._opened + RESET_RETRY_S - time.monotonic())  # a stream that ends at once
@@ -222,10 +218,6 @@ class RouterEngine:
             await self._check_target()
         self.target.open_stream()
         self._opened, self._stream_ended = time.monotonic(), True  # the next reopen follows its end
-
-    def _wake_up(self) -> None:
-        if self._task:  # a gRPC callback: safe from any thread
-            self._task.get_loop().call_soon_threadsafe(self._wake.set)
 
     async def _set_serving(self, serving: bool) -> None:
         if serving != self.serving:
@@ -250,7 +242,9 @@ class RouterEngine:
 
     async def _speculate(self, plan: StepPlan, trace=NO_STEP) -> tuple[StepPlan, int]:
         plan, draft_step, unserved = await self.speculator.propose(plan, self._last_step, self.scheduler.draft_cap, trace)
-        for seq in unserved:
+        if unserved is None:  # the draft service failed
+            self.scheduler.draft_lost()
+        for seq in unserved or ():
             self.scheduler.stop_speculating(seq)
         return self.speculator.mark_hidden(plan), draft_step
 
@@ -259,54 +253,31 @@ class RouterEngine:
         started = time.perf_counter()
         with trace.target_call(request) as metadata:
             result = await self.target.step(request, metadata)
-        seconds = time.perf_counter() - started
-        self.counters.steps_total += 1
-        self.counters.step_ms_total += seconds * 1e3
-        self.figures.on_step(seconds, plan.entries)
-        self.counters.target_compute_ms_total += result.compute_ms
+        self.figures.on_step(time.perf_counter() - started, plan.entries, result.compute_ms)
         self._last_step = request.step_id
         return result
 
     def _postprocess(self, plan: StepPlan, result) -> None:
         self.kv_pages_free = result.kv_pages_free
-        by_seq = {r.seq_id: r for r in result.results}
-        for entry, seq in zip(plan.entries, plan.seqs):
-            self.scheduler.on_result(seq, entry, by_seq[entry.seq_id])
-        self._check_mirror(result.kv_pages_free)
-        for entry, seq in zip(plan.entries, plan.seqs):
-            outcome = by_seq[entry.seq_id]
-            if entry.num_draft_tokens:
-                self.speculator.stats.record(entry.num_draft_tokens, outcome.num_accepted, _depth(entry))
-            if seq.finished or not outcome.tokens or seq.output is None:
-                continue  # cancelled while the step ran, a chunk with prompt left, a parent
-            delta = seq.output.process(outcome.tokens)
-            self.figures.on_tokens(seq, len(delta.tokens))
-            # Usage counts what the client got: drafts after a stop are not accepted tokens.
-            seq.draft_tokens += entry.num_draft_tokens
-            accepted = min(outcome.num_accepted, len(delta.tokens))
-            seq.accepted_draft_tokens += accepted
-            if entry.num_draft_tokens:
-                _count_depths(seq, accepted)
-            seq.request.queue.put_nowait(delta)
-            if seq.finished:
-                self.scheduler.finish(seq)
-                if seq.request.finished:
-                    self._retire(seq.request)
-
-    def _check_mirror(self, target_free: int) -> None:
-        """The router's page view must equal the target's after a step (unless ops queued
-        while it ran, such as a cancel, are still to be sent)."""
-        if self.scheduler.has_pending_ops():
-            return
-        if self.scheduler.kv.free_pages != target_free:
-            self.counters.kv_mirror_mismatches += 1
-            log.warning("KV page view diverged: router %d free, target %d", self.scheduler.kv.free_pages, target_free)
+        if self.speculator:
+            self.speculator.stats.record_verified(plan.entries, result.results)
+        out = postprocess(self.scheduler, plan, result.results, result.kv_pages_free)
+        if out.kv_diverged:
+            self.figures.kv_mirror_mismatches += 1
+            log.warning("KV page view diverged: router %d free, target %d", self.scheduler.kv.free_pages,
+                        result.kv_pages_free)
+        for emitted in out.emitted:
+            seq = emitted.seq
+            self.figures.on_tokens(seq, len(emitted.delta.tokens))
+            seq.request.queue.put_nowait(emitted.delta)
+            if seq.request.finished:
+                self._retire(seq.request)
 
     def _fail_running(self, error: TandemError) -> None:
         """A failed step leaves the target's state unknown: fail every request it ran and start
         the target afresh (recycled sequences go too); waiting requests are unaffected."""
         log.error("step failed: %s; failing %d running requests", error, len(self._running_requests()))
-        self.counters.step_errors_total += 1
+        self.figures.step_errors_total += 1
         for request in self._running_requests():
             self._fail(request, error)
         self.scheduler.reset()
@@ -379,28 +350,10 @@ class RouterEngine:
             self._last_step = reset.last_step_id
             if reset.restarted:
                 log.warning("the router's prefix cache was dropped: the target restarted")
-                self.counters.target_restarts += 1
+                self.figures.target_restarts += 1
                 self._adopt(reset.info)
             await self._set_serving(not self._wrong_target)
             return
-
-
-def _depth(entry) -> int:
-    """How deep an entry's drafts go: a chain's length, a tree's deepest node."""
-    if not entry.tree_parents:
-        return entry.num_draft_tokens
-    depths = [0]
-    for parent in entry.tree_parents:
-        depths.append(depths[parent] + 1)
-    return max(depths)
-
-
-def _count_depths(seq, accepted: int) -> None:
-    seq.verify_steps += 1
-    while len(seq.accepted_by_depth) < accepted:
-        seq.accepted_by_depth.append(0)
-    for i in range(accepted):
-        seq.accepted_by_depth[i] += 1
 
 
 def _model_change(was: EngineInfo, now: EngineInfo) -> str:

@@ -20,10 +20,22 @@ FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
 
 class RouterFigures:
-    """Owned by the router engine, recorded on its event loop."""
+    """Owned by the router engine, recorded on its event loop. The scheduler counts its own
+    events (preemptions, re-prefills) and the speculator its draft calls; `snapshot` reads all."""
 
     def __init__(self, started: float | None = None):
         self.started = time.monotonic() if started is None else started
+        self.requests_total = 0
+        self.requests_refused_total = 0  # the queue was full (max_waiting)
+        self.prompt_tokens_total = 0
+        self.cached_prompt_tokens_total = 0  # of finished requests
+        self.completion_tokens_total = 0  # of finished requests
+        self.steps_total = 0
+        self.step_errors_total = 0
+        self.step_ms_total = 0.0
+        self.target_compute_ms_total = 0.0
+        self.kv_mirror_mismatches = 0  # steps after which the router's page view differed: a bug
+        self.target_restarts = 0  # targets found restarted between steps (instance_id)
         self.ttft = Histogram()
         self.itl = Histogram()
         self.e2e = Histogram()
@@ -40,10 +52,15 @@ class RouterFigures:
 
     def on_submit(self, request: Request, now: float | None = None) -> None:
         self._arrived[request] = _now(now)
+        self.requests_total += 1
+        self.prompt_tokens_total += len(request.spec.prompt_ids)
 
-    def on_step(self, seconds: float, entries: tuple[StepEntry, ...]) -> None:
-        """A target step's wall time; a step of sequence ops only (no entries) neither prefilled
-        nor decoded and is not observed."""
+    def on_step(self, seconds: float, entries: tuple[StepEntry, ...], compute_ms: float = 0.0) -> None:
+        """A target step's wall time and the target's compute time in it; a step of sequence ops
+        only (no entries) neither prefilled nor decoded and is not observed."""
+        self.steps_total += 1
+        self.step_ms_total += seconds * 1e3
+        self.target_compute_ms_total += compute_ms
         if not entries:
             return
         prefill = any(e.kind is EntryKind.PREFILL for e in entries)
@@ -76,6 +93,8 @@ class RouterFigures:
         """Counts the request by its reason and forgets it; returns the reason."""
         reason = _reason(request, request in self._failed)
         self.finished[reason] += 1
+        self.completion_tokens_total += sum(len(s.output_ids) for s in request.choices)
+        self.cached_prompt_tokens_total += request.cached_prompt_tokens
         self.finished_prompt_tokens += len(request.spec.prompt_ids)
         arrived = self._arrived.pop(request, None)
         if arrived is not None:
@@ -156,29 +175,30 @@ def snapshot(engine, now: float | None = None) -> RouterSnapshot:
     """The router engine's figures now. Read on its event loop (Stats) or, racing it
     harmlessly, on a scrape's thread (each figure is read once)."""
     now = _now(now)
-    f, c, sched = engine.figures, engine.counters, engine.scheduler
+    f = engine.figures
+    sched = engine.scheduler
     spec = engine.speculator.stats if engine.speculator else None
     running, waiting = list(sched.running), list(sched.waiting)
     return RouterSnapshot(
-        requests_total=c.requests_total,
+        requests_total=f.requests_total,
         requests_running=len({id(s.request) for s in running}),
         requests_waiting=len({id(s.request) for s in waiting}),
         sequences_running=len(running),
         sequences_waiting=len(waiting),
         sequences_live=sched.kv.held,
         sequences_recycled=sched.kv.cache.num_recycled(),
-        prompt_tokens_total=c.prompt_tokens_total,
-        cached_prompt_tokens_total=c.cached_prompt_tokens_total,
-        prefix_cache_hit_rate=hit_rate(c.cached_prompt_tokens_total, f.finished_prompt_tokens),
-        completion_tokens_total=c.completion_tokens_total,
+        prompt_tokens_total=f.prompt_tokens_total,
+        cached_prompt_tokens_total=f.cached_prompt_tokens_total,
+        prefix_cache_hit_rate=hit_rate(f.cached_prompt_tokens_total, f.finished_prompt_tokens),
+        completion_tokens_total=f.completion_tokens_total,
         generation_tokens_total=f.generation_tokens,
         tokens_per_second=f.tokens_per_second(now),
         uptime_s=now - f.started,
-        steps_total=c.steps_total,
-        step_errors_total=c.step_errors_total,
+        steps_total=f.steps_total,
+        step_errors_total=f.step_errors_total,
         preemptions_total=sched.preempted_total,
-        target_restarts_total=c.target_restarts,
-        requests_refused_total=c.requests_refused_total,
+        target_restarts_total=f.target_restarts,
+        requests_refused_total=f.requests_refused_total,
         draft_failures_total=spec.draft_failures if spec else 0,
         respeculations_total=sched.respeculated_total,
         kv_pages_total=engine.info.kv_pages_total,
@@ -186,8 +206,8 @@ def snapshot(engine, now: float | None = None) -> RouterSnapshot:
         kv_pages_used=engine.info.kv_pages_total - engine.kv_pages_free,
         **_speculation(spec),
         speculation_active=bool(engine.speculator and engine.speculator.healthy),
-        step_ms_total=c.step_ms_total,
-        target_compute_ms_total=c.target_compute_ms_total,
+        step_ms_total=f.step_ms_total,
+        target_compute_ms_total=f.target_compute_ms_total,
         finished_by_reason=dict(f.finished),
         time_to_first_token=f.ttft.snapshot(),
         inter_token_latency=f.itl.snapshot(),

@@ -23,6 +23,7 @@ class KvState:
         self.window = sliding_window or NO_SLIDING_WINDOW
         self.recycled_total = 0
         self.evicted_total = 0
+        self.matched_tokens_total = 0  # tokens roots found in the prefix cache (resumed ones too)
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -76,6 +77,7 @@ class KvState:
         if plan.reused_seq_id is not None:
             self.pages.remove(plan.reused_seq_id)
             ops.append(RemoveSequence(plan.reused_seq_id))
+        self.matched_tokens_total += plan.num_prefilled
         return ops, plan.num_prefilled
 
     def fork_child(self, seq_id: int, parent_id: int, sampler: SamplingParams, draft_lags: bool) -> list[SequenceOp]:

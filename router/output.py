@@ -20,7 +20,7 @@ class OutputProcessor:
         self._matched_stop = False  # after a stop-string match nothing more is shown
 
     def process(self, sampled: Sequence[SampledToken]) -> Delta:
-        """Appends the emitted tokens until one finishes the request; sets pending_token."""
+        """Appends the emitted tokens until one finishes the choice; returns its delta."""
         state, spec = self.state, self.state.spec
         text, tokens = [], []
         for t in sampled:
@@ -40,8 +40,6 @@ class OutputProcessor:
                 break
         if state.finished:
             text.append(self._drain())
-        elif tokens:
-            state.pending_token = tokens[-1].token_id
         return Delta("".join(text), tuple(tokens), state.finish_reason, state.index)
 
     def cancel(self) -> Delta:

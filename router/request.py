@@ -15,6 +15,7 @@ import asyncio
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from router.draft_mirror import DraftState, Seat
 from tandem.sampling.params import SamplingParams
 
 
@@ -72,10 +73,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     live: bool = False  # the target holds a sequence for it
-    draft_live: bool = False  # the draft service holds one too: it speculates
-    respeculated: bool = False  # re-prefilled once to speculate (never twice)
-    respeculate_retried: bool = False  # that re-prefill found the draft full: it got one more
-    draft_denied: bool = False  # the draft was full when it came in: it takes a place that frees
+    draft: DraftState = field(default_factory=DraftState)  # its standing with the draft service
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
     verify_steps: int = 0
@@ -97,6 +95,16 @@ class Sequence:
     @property
     def is_parent(self) -> bool:
         return self.index == PARENT
+
+    @property
+    def draft_live(self) -> bool:
+        """The draft service holds a sequence for it too: it speculates."""
+        return self.draft.seat is Seat.LIVE
+
+    @property
+    def draft_denied(self) -> bool:
+        """The draft was full when it came in: it takes a place that frees."""
+        return self.draft.seat is Seat.DENIED
 
 
 @dataclass(eq=False, slots=True)

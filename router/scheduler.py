@@ -17,27 +17,14 @@ recycled sequences), free pages and `max_total_sequence_length`.
 import itertools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from router.draft_mirror import DraftMirror, choose_respeculations, worth_respeculating
+from router.draft_mirror import DraftMirror, Seat
 from router.kv_state import KvState
 from router.limits import EngineLimits
 from router.request import Request, Sequence
+from router.step_plan import Room, StepPlan
 from router.overload import NeverFits, QueueFull
 from tandem.ops import EntryKind, EntryResult, SequenceOp, StepEntry
-
-
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    ops: tuple[SequenceOp, ...]
-    entries: tuple[StepEntry, ...]
-    seqs: tuple[Sequence, ...]  # the sequence of each entry, in entry order
-    draft_ops: tuple[SequenceOp, ...] = ()  # the same changes for the draft's sequences
-    drafts_paused: bool = False  # it decodes spec_disable_batch_size sequences or more: no drafts
-
-    @property
-    def empty(self) -> bool:
-        return not self.ops and not self.entries
 
 
 class Scheduler:
@@ -51,7 +38,7 @@ class Scheduler:
         # The draft's capacity: the limits count it when the draft was up at start; one that came
         # back smaller, or later, would fail whole draft calls on the sequence past it: those run
         # plainly instead, until a place frees.
-        self.draft = DraftMirror(draft_capacity or (lambda: 0))
+        self.draft = DraftMirror(draft_capacity or (lambda: 0), speculates)
         # Draft tokens (tree nodes) a verify may carry: what the draft service says now (it may
         # come back with another shape), else the limits'.
         self.draft_budget = draft_budget or (lambda: limits.drafts_per_verify)
@@ -63,9 +50,6 @@ class Scheduler:
         self.forking: list[Sequence] = []  # prefilled parents with children left to fork
         self.preempted_total = 0
         self.respeculated_total = 0  # sequences re-prefilled to speculate (_respeculate)
-        self._draft_back = False  # every sequence that lost the draft may re-prefill (draft_back)
-        self._place_freed = False  # those the full draft turned away may (_draft_place_freed)
-        self.cached_tokens_total = 0  # input tokens the prefix cache saved, resumed sequences included
         self._ops: list[SequenceOp] = []
         self._seq_ids = itertools.count(1)
 
@@ -107,7 +91,7 @@ class Scheduler:
             if seq.live:
                 self._send(self.kv.remove(seq.seq_id))
                 seq.live = False
-            self._draft_place_freed(seq)
+            self._freed(seq)
 
     def finish(self, seq: Sequence) -> None:
         """A choice finished (stop or length): its sequence is recycled into the prefix cache."""
@@ -115,7 +99,7 @@ class Scheduler:
         if seq.live:
             self._send(self.kv.recycle(seq.seq_id))
             seq.live = False
-        self._draft_place_freed(seq)
+        self._freed(seq)
 
     def has_pending_ops(self) -> bool:
         return bool(self._ops)
@@ -134,43 +118,32 @@ class Scheduler:
 
     def stop_speculating(self, seq: Sequence) -> None:
         """The draft cannot serve this sequence any more: it decodes plainly from now on."""
-        self._draft_place_freed(seq)
-        seq.draft_live = False
+        self._freed(seq)
+        seq.draft.seat = Seat.OFF
         self.draft.drop(seq.seq_id)
 
     def draft_lost(self) -> None:
         """The draft service failed: it holds nothing any more (it is reset when back)."""
-        self.draft.lost()
-        self._draft_back = self._place_freed = False
-        for seq in self.running + self.forking:
-            seq.draft_live = False
+        self.draft.lost(self.running + self.forking)
 
     def draft_back(self) -> None:
         """The draft service is healthy again (reset, holding nothing). Sequences that lost it
         re-prefill at the next step to speculate again: the draft rebuilds a sequence's context
         only from the target's hidden states at every position, which a prefill makes."""
-        self._draft_back = True
+        self.draft.back()
 
-    def _draft_place_freed(self, seq: Sequence) -> None:
-        """`seq` leaves the draft (or is recycled there: its place can be taken back): sequences
-        the full draft turned away re-prefill to speculate, as for a draft that came back."""
-        if seq.draft_live and any(s.draft_denied and worth_respeculating(s, self.speculates)
-                                  for s in self.running + self.forking):
-            self._place_freed = True
+    def _freed(self, seq: Sequence) -> None:
+        self.draft.freed(seq, self.running + self.forking)
 
     def _respeculate(self) -> None:
-        """Requeues the sequences worth it (after a freed place: those the draft turned away),
-        oldest first, as many as the draft takes; while the batch is too large to draft (a
-        re-prefill would buy nothing) it waits for a later step."""
+        """Requeues the sequences the draft mirror chooses (router/draft_mirror.py); while the
+        batch is too large to draft (a re-prefill would buy nothing) it waits for a later step."""
         decoding = [s for s in self.running if not s.is_parent]
         if 0 < self.limits.spec_disable_batch_size <= len(decoding):
             return
-        every, self._draft_back, self._place_freed = self._draft_back, False, False
-        candidates = [s for s in self.running + self.forking
-                      if (every or s.draft_denied) and worth_respeculating(s, self.speculates)]
-        for seq in reversed(choose_respeculations(candidates, self._draft_room)):  # appended to the left: the oldest ends up first in line
+        # Appended to the left: the oldest ends up first in line.
+        for seq in reversed(self.draft.respeculations(self.running + self.forking, self._draft_room)):
             self._requeue(seq)
-            seq.respeculated = True
             self.respeculated_total += 1
 
     def _send(self, ops: list[SequenceOp], speculates: bool = False) -> None:
@@ -190,7 +163,7 @@ class Scheduler:
         entries: list[StepEntry] = []
         seqs: list[Sequence] = []
         self._draft_allow.clear()
-        if self._draft_back or self._place_freed:
+        if self.draft.respeculation_due:
             self._respeculate()
         reserved = self._reserve_decodes()
         for seq in self.running:
@@ -198,7 +171,7 @@ class Scheduler:
                 entries.append(StepEntry(seq.seq_id, EntryKind.DECODE, (seq.pending_token,), True))
                 seqs.append(seq)
                 seq.pending_token = None
-        room = _Room(self.limits.prefill_chunk_size, reserved, self._total_length())
+        room = Room(self.limits.prefill_chunk_size, reserved, self._total_length())
         for seq in self.running:
             if room.tokens and seq.prefill_left:
                 self._chunk(seq, room, entries, seqs)
@@ -300,7 +273,9 @@ class Scheduler:
         parent: to prefill the prompt again for the children it has left to fork)."""
         self._drop(seq)
         self._send(self.kv.remove(seq.seq_id))
-        seq.live = seq.draft_live = False
+        seq.live = False
+        if seq.draft.live:
+            seq.draft.seat = Seat.OFF
         seq.seq_id = self.new_seq_id()
         seq.num_prefilled = 0
         if not seq.is_parent:
@@ -311,7 +286,7 @@ class Scheduler:
     def _total_length(self) -> int:
         return sum(self.kv.length(s.seq_id) for s in self.running)
 
-    def _chunk(self, seq: Sequence, room: "_Room", entries: list, seqs: list) -> None:
+    def _chunk(self, seq: Sequence, room: Room, entries: list, seqs: list) -> None:
         size = min(seq.prefill_left, room.tokens)
         chunk = seq.input_ids[seq.num_prefilled : seq.num_prefilled + size]
         seq.num_prefilled += size
@@ -320,7 +295,7 @@ class Scheduler:
         seqs.append(seq)
         room.take(size, self.kv.pages_needed(seq.seq_id, size))
 
-    def _has_slot(self, room: "_Room", tokens: int, pages: int | None = None, held: int = 1,
+    def _has_slot(self, room: Room, tokens: int, pages: int | None = None, held: int = 1,
                   prompt: tuple[int, ...] = ()) -> bool:
         """A new running sequence with `tokens` to prefill now fits: the step budget, a
         sequence slot, `held` more held sequences (evicting recycled ones) and pages (likewise;
@@ -340,15 +315,15 @@ class Scheduler:
             self._send(ops)
         return True
 
-    def _activate_children(self, room: "_Room", entries: list, seqs: list) -> None:
+    def _activate_children(self, room: Room, entries: list, seqs: list) -> None:
         for parent in list(self.forking):
             request = parent.request
             # A child's fork takes one page: a copy of the parent's partial last page, or a new one.
             while request.unactivated and self._has_slot(room, 1, pages=1):
                 child = request.unactivated.pop(0)
                 child.seq_id = self.new_seq_id()
-                child.draft_live = parent.draft_live and self._draft_room()
-                child.draft_denied = (parent.draft_live or parent.draft_denied) and not child.draft_live
+                wants = parent.draft_live or parent.draft_denied
+                self.draft.admitted(child, wants, parent.draft_live and self._draft_room())
                 self._send(self.kv.fork_child(child.seq_id, parent.seq_id, child.sampler, child.draft_live),
                            speculates=child.draft_live)
                 child.num_prefilled = len(child.input_ids) - 1
@@ -358,28 +333,24 @@ class Scheduler:
             if not request.unactivated:  # every child holds the prompt now
                 self.forking.remove(parent)
                 self._send(self.kv.remove(parent.seq_id))
-                self._draft_place_freed(parent)
+                self._freed(parent)
                 parent.live = False
 
-    def _admit(self, room: "_Room", entries: list, seqs: list) -> None:
+    def _admit(self, room: Room, entries: list, seqs: list) -> None:
         while self.waiting and self._admissible(self.waiting[0], room):
             seq = self.waiting.popleft()
             wants = bool(self.speculates and self.speculates(seq))
             speculate = wants and self._draft_room(2 if seq.is_parent else 1)
-            seq.draft_denied = wants and not speculate
-            if seq.draft_denied and seq.respeculated and not seq.respeculate_retried:
-                # Its re-prefill found the draft full (others took the place first): one more try.
-                seq.respeculated, seq.respeculate_retried = False, True
+            self.draft.admitted(seq, wants, speculate)
             mirrors = self.draft.held.__contains__ if speculate else None
             tokens = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
             ops, seq.num_prefilled = self.kv.add_root(
                 seq.seq_id, tokens, seq.sampler, draft_lags=speculate, is_parent=seq.is_parent, eligible=mirrors,
                 num_prompt_tokens=len(seq.spec.prompt_ids) if seq.output_ids else 0)  # resumed: output counts
             self._send(ops, speculates=speculate)
-            self.cached_tokens_total += seq.num_prefilled
             if not seq.output_ids:  # a resumed sequence reported its cached tokens already
                 seq.request.cached_prompt_tokens = max(seq.request.cached_prompt_tokens, seq.num_prefilled)
-            seq.live, seq.draft_live = True, speculate
+            seq.live = True
             self.running.append(seq)
             if seq.prefill_left:
                 self._chunk(seq, room, entries, seqs)
@@ -399,7 +370,7 @@ class Scheduler:
         """The draft takes `places` more sequences (a parent needs 2: it and its first child)."""
         return self.draft.room(places, self.kv.recycled_ids)
 
-    def _admissible(self, seq: Sequence, room: "_Room") -> bool:
+    def _admissible(self, seq: Sequence, room: Room) -> bool:
         """A parent comes in only with room for a child beside it, and while no other parent
         is live: parents that cannot fork would hold slots for nothing."""
         if seq.is_parent and (self.forking or any(s.is_parent for s in self.running)):
@@ -413,23 +384,3 @@ class Scheduler:
 def _kv_state(limits: EngineLimits) -> KvState:
     return KvState(limits.kv_pages_total, limits.kv_page_size, limits.max_held_sequences,
                    limits.prefix_cache_max_num_recycling_seqs, limits.sliding_window)
-
-
-@dataclass(slots=True)
-class _Room:
-    """What one step has used so far: prompt tokens left, pages reserved for its decodes and
-    taken by its chunks (the KV view's free pages change only at commit, or by evictions),
-    total length of the live sequences."""
-
-    tokens: int
-    reserved: int
-    length: int
-    used_pages: int = 0
-
-    def fits(self, kv: KvState, pages: int) -> bool:
-        return pages <= kv.free_pages - self.reserved - self.used_pages
-
-    def take(self, tokens: int, pages: int) -> None:
-        self.tokens -= tokens
-        self.used_pages += pages
-        self.length += tokens

@@ -7,7 +7,7 @@ import signal
 from dataclasses import dataclass
 
 from router.config import RouterConfig
-from router.engine import RouterEngine
+from router.engine import RouterEngine, Wake
 from router.figures import snapshot
 from router.http.app import HttpApi, served_model_name
 from router.http.tls import server_ssl_context
@@ -41,8 +41,9 @@ class PublicServers:
 async def start_router(config: RouterConfig, tracing: Tracing | None = None):
     """Starts the router; returns (PublicServers, engine, health, channel, bound gRPC port, side
     servers (tandem.probes.Sidecars: metrics, probe port) or None)."""
+    wake = Wake()  # the engine's; the target link rings it when its step stream ends
     target, reset = await TargetLink.connect(config.target_address, config.tls, config.connect_timeout_s,
-                                             config.step_timeout_s)
+                                             config.step_timeout_s, on_stream_end=wake.ring)
     info = reset.info
     speculator = None
     if config.draft_address:
@@ -50,18 +51,18 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
                                 config.draft_probe_s)
         await speculator.connect(config.connect_timeout_s)
     draft_max = speculator.max_sequences if speculator and speculator.max_sequences else None
-    engine = RouterEngine(config, Tokenizer(config.model_dir), target, info, speculator,
-                          first_step_id=reset.last_step_id + 1, draft_max_num_sequence=draft_max, tracing=tracing)
-    engine.start()
     api_keys = ApiKeys(config.api_key_file) if config.api_key_file else None
     checks = [api_keys] if api_keys else []
     options = public_server_options(config.max_connection_age_s, config.max_connection_age_grace_s,
                                     config.min_ping_interval_s)
     server = make_server(aio=True, checks=checks, options=options, maximum_concurrent_rpcs=config.max_concurrent_rpcs or None)
-    generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
     health = await add_health_and_reflection_aio(server, [SERVICE_NAME])
     # NOT_SERVING while the target is down or serves another model: no request could be served.
-    engine.on_serving = lambda serving: set_health_aio(health, [SERVICE_NAME], serving)
+    engine = RouterEngine(config, Tokenizer(config.model_dir), target, info, speculator,
+                          first_step_id=reset.last_step_id + 1, draft_max_num_sequence=draft_max, tracing=tracing,
+                          wake=wake, on_serving=lambda serving: set_health_aio(health, [SERVICE_NAME], serving))
+    engine.start()
+    generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(engine), server)
     await set_health_aio(health, [SERVICE_NAME], engine.serving)  # it may have changed since start()
     port = bind(server, config.host, config.port, config.public_tls, "router", internal=False)
     # HTTP first: once the gRPC port answers health checks (tandem up, compose), both serve.

@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -21,10 +22,10 @@ from router.call_stream import CallStream
 from tandem.channels import RenewableChannel
 from router.drafts import fit_draft
 from router.request import Sequence as RequestSeq
-from router.scheduler import StepPlan
+from router.step_plan import StepPlan
 from tandem import codec
 from tandem.errors import TandemError
-from tandem.ops import DraftRequest, DraftSeq, EntryKind, SequenceOp
+from tandem.ops import DraftRequest, DraftSeq, EntryKind, EntryResult, SequenceOp, StepEntry
 from tandem.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,23 @@ class SpecStats:
             self.proposed_at[i] += 1
             self.accepted_at[i] += i < num_accepted
 
+    def record_verified(self, entries: Iterable[StepEntry], results: Iterable[EntryResult]) -> None:
+        """A step's verifies: every entry that carried drafts, whatever its stream got."""
+        accepted = {r.seq_id: r.num_accepted for r in results}
+        for entry in entries:
+            if entry.num_draft_tokens:
+                self.record(entry.num_draft_tokens, accepted[entry.seq_id], draft_depth(entry))
+
+
+def draft_depth(entry: StepEntry) -> int:
+    """How deep an entry's drafts go: a chain's length, a tree's deepest node."""
+    if not entry.tree_parents:
+        return entry.num_draft_tokens
+    depths = [0]
+    for parent in entry.tree_parents:
+        depths.append(depths[parent] + 1)
+    return max(depths)
+
 
 class Speculator:
     """Which sequences the draft holds is the scheduler's to say (it sends their ops in
@@ -84,8 +102,7 @@ class Speculator:
         self.max_sequences = 0  # the draft's own limits, from its Info
         self.max_draft_tokens = 0  # tree nodes per sequence (0: k, a chain)
         self.method, self.shape = "", "chain"
-        self.on_down = lambda: None  # the router engine's: the draft holds nothing any more
-        self.on_up = lambda: None  # the router engine's: the draft is back, reset
+        self._back = False  # healthy again since take_back() last said so
         self._ops: list[SequenceOp] = []
         self._draft_ids = itertools.count(1)
         self._probe: asyncio.Task | None = None
@@ -126,10 +143,17 @@ class Speculator:
         )
         return dataclasses.replace(plan, entries=entries)
 
-    async def propose(self, plan: StepPlan, after_step: int, cap, trace=None) -> tuple[StepPlan, int, list[RequestSeq]]:
+    def take_back(self) -> bool:
+        """The draft service came back (healthy, reset, holding nothing) since this was last
+        asked: running sequences may re-prefill to speculate again."""
+        back, self._back = self._back, False
+        return back
+
+    async def propose(self, plan: StepPlan, after_step: int, cap, trace=None) -> tuple[StepPlan, int, list[RequestSeq] | None]:
         """Drafts for each speculating decode entry, at most `cap(seq)` tokens each; returns the
         plan with verify entries, the draft step id (0 when nothing was drafted) and the
-        sequences the draft could not serve (no drafts, or malformed ones). `trace`: the step's
+        sequences the draft could not serve (no drafts, or malformed ones), or None when the
+        draft service failed (it holds nothing any more). `trace`: the step's
         router.tracing.StepTrace (its draft_call spans the Draft call)."""
         if self.healthy:
             self._ops += plan.draft_ops
@@ -156,7 +180,7 @@ class Speculator:
                 response = await self._drafts.call(message)
         except TandemError as e:
             self._down(str(e))
-            return plan, 0, []
+            return plan, 0, None
         result = codec.draft_result_from_pb(response)
         self.stats.draft_ms += (time.perf_counter() - started) * 1e3
         self.stats.draft_compute_ms += result.compute_ms
@@ -194,7 +218,7 @@ class Speculator:
         self.healthy = False
         self.stats.draft_failures += 1
         self._ops = []
-        self.on_down()
+        self._back = False
         self._probe = asyncio.get_running_loop().create_task(self._wait_healthy())
 
     async def _wait_healthy(self) -> None:
@@ -210,7 +234,7 @@ class Speculator:
                     await self.stub.Reset(engine_pb2.ResetRequest(), timeout=self.timeout_s)
                     self._learn(await self.stub.Info(engine_pb2.InfoRequest(), timeout=self.timeout_s))
                     self.healthy = True
-                    self.on_up()
+                    self._back = True
                     log.info("draft service healthy again: new requests speculate, running ones once re-prefilled")
                     return
             except grpc.aio.AioRpcError:

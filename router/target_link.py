@@ -52,7 +52,8 @@ class TargetLink:
 
     @classmethod
     async def connect(cls, address: str, tls: TlsConfig = PLAINTEXT, timeout_s: float = 120.0,
-                      step_timeout_s: float = 120.0) -> tuple["TargetLink", Reset]:
+                      step_timeout_s: float = 120.0,
+                      on_stream_end: Callable[[], None] | None = None) -> tuple["TargetLink", Reset]:
         """Waits for the target (it may still be loading weights) and resets it: a router that
         starts fresh owns no sequences, so whatever a previous one left goes."""
         channel = RenewableChannel(address, tls)
@@ -63,10 +64,7 @@ class TargetLink:
         except grpc.aio.AioRpcError as e:
             await channel.close()
             raise RuntimeError(f"router: target at {address} not reachable: {e.code().name}: {e.details()}") from e
-        return cls(channel, info, step_timeout_s), Reset(stats.last_step_id, info, restarted=False)
-
-    def on_stream_end(self, callback: Callable[[], None]) -> None:
-        self._steps.on_end = callback
+        return cls(channel, info, step_timeout_s, on_stream_end), Reset(stats.last_step_id, info, restarted=False)
 
     @property
     def stream_open(self) -> bool:

@@ -26,7 +26,7 @@ from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 
 from router.request import Request
-from router.scheduler import StepPlan
+from router.step_plan import StepPlan
 from tandem.ops import EntryKind, StepRequest, StepResult
 from tandem.security.api_keys import bearer_key, key_id
 from tandem.telemetry.tracing import Tracing, context_from, ending, ids, links_to, metadata, step_phases

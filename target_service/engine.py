@@ -16,7 +16,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from tandem.attention.torch_backend import TorchAttention
 from tandem.errors import InvalidArgument, ResourceExhausted
 from tandem.figures import EngineFigures
-from tandem.kv.batching import TreeInput, append_batch
+from tandem.kv.batching import append_batch
 from tandem.kv.cache import PagedKVCache
 from tandem.models.cuda_graphs import GraphedForward
 from tandem.models.llama import ForwardBatch
@@ -42,10 +42,11 @@ from tandem.sampling.sampler import received_proposal, sample
 from tandem.peer import HiddenPairs, HiddenStep, TargetPeer
 from tandem.sampling.state import SamplingState
 from tandem.sampling.tree_verify import fits_sampled_tree, verify_tree
-from tandem.sampling.verify import fits_chain, verify_chain
+from tandem.sampling.verify import verify_chain
 from tandem.spec.token_tree import TokenTree
 from tandem.telemetry.tracing import carrier, step_phases
 from target_service.config import TargetConfig
+from target_service.entries import chain_proposal, check_entries, rows_of, tree_input, verifies_with_q
 
 log = logging.getLogger(__name__)
 
@@ -213,38 +214,10 @@ class TargetEngine:
 
     # -- the forward pass ---------------------------------------------------------------------
 
-    def _validate(self, entries: Sequence[StepEntry]) -> None:
-        seen: set[int] = set()
-        pages = 0
-        vocab = self.model.config.vocab_size
-        for e in entries:
-            if e.seq_id in seen:
-                raise InvalidArgument(f"sequence {e.seq_id} appears twice in one step")
-            seen.add(e.seq_id)
-            if not e.token_ids:
-                raise InvalidArgument(f"entry of sequence {e.seq_id} has no tokens")
-            if e.num_draft_tokens and (e.kind is not EntryKind.DECODE or not e.sample or e.num_draft_tokens >= len(e.token_ids)):
-                raise InvalidArgument(
-                    f"entry of sequence {e.seq_id}: {e.num_draft_tokens} draft tokens need a sampling DECODE"
-                    f" entry with more tokens than drafts ({len(e.token_ids)})"
-                )
-            _check_tree(e)
-            bad = [t for t in e.token_ids if not 0 <= t < vocab]
-            if bad:
-                raise InvalidArgument(f"token ids {bad[:5]} outside the vocabulary [0, {vocab})")
-            length = self.allocator.length(e.seq_id) + len(e.token_ids)
-            if length > self.max_context:
-                raise InvalidArgument(
-                    f"sequence {e.seq_id} would hold {length} tokens, beyond the context of {self.max_context}"
-                )
-            pages += self.allocator.pages_needed(e.seq_id, len(e.token_ids))
-        if pages > self.allocator.num_free_pages:
-            raise ResourceExhausted(f"KV cache full: step needs {pages} pages, {self.allocator.num_free_pages} free")
-
     def _run(self, request: StepRequest, span: Span, trace_context) -> tuple[EntryResult, ...]:
         entries = request.entries
         self._kept_nodes.clear()
-        self._validate(entries)
+        check_entries(entries, self.allocator, self.model.config.vocab_size, self.max_context)
         span.add_event("start embedding")
         batch, first_rows = self._prepare(entries)
         embeds = self.model.embed(batch.input_ids)
@@ -282,7 +255,7 @@ class TargetEngine:
         """Accepts a prefix of each entry's drafts; keeps only the accepted tokens' KV."""
         if not entries:
             return {}
-        need_probs = any(_verifies_with_q(self._samplers[e.seq_id].params) and (e.sampled_tree or not e.tree_parents)
+        need_probs = any(verifies_with_q(self._samplers[e.seq_id].params) and (e.sampled_tree or not e.tree_parents)
                          for e in entries)
         probs = (self.peer.take_probs(draft_step_id, self.config.draft_probs_timeout_s) or {}) if need_probs else {}
         probs = {s: received_proposal(q) for s, q in probs.items()}  # fp16 on the wire
@@ -295,7 +268,7 @@ class TargetEngine:
                 result = self._verify_tree(e, rows, q[: k + 1] if q is not None and q.shape[0] > k else None)
             else:
                 drafts = e.token_ids[len(e.token_ids) - k :]
-                q = _chain_proposal(probs.get(e.seq_id), drafts, rows.shape[1], e.seq_id)
+                q = chain_proposal(probs.get(e.seq_id), drafts, rows.shape[1], e.seq_id)
                 first = len(self._tokens[e.seq_id]) - k  # the index row 0 scores
                 result = verify_chain(rows, drafts, q, self._samplers[e.seq_id], first)
                 self._kept_nodes[e.seq_id] = tuple(range(result.num_accepted + 1))
@@ -372,7 +345,7 @@ class TargetEngine:
                 self._samplers[e.seq_id].observe_prefill(len(self._tokens[e.seq_id]), e.token_ids)
             self._tokens[e.seq_id].extend(e.token_ids)
         items = [(e.seq_id, e.token_ids) for e in entries]
-        trees = {e.seq_id: t for e in entries if (t := _tree_input(e)) is not None}
+        trees = {e.seq_id: t for e in entries if (t := tree_input(e)) is not None}
         return append_batch(self.cache, self.model.backend, items, self.model.config.sliding_window, self.device, trees)
 
     def _sample(self, logits: torch.Tensor, seq_ids: list[int]) -> list[SampledToken]:
@@ -383,56 +356,3 @@ class TargetEngine:
             state.observe_output(out.token_ids[i])
             tokens.append(SampledToken(out.token_ids[i], out.logprobs[i], tuple(out.top_logprobs[i])))
         return tokens
-
-
-def _chain_proposal(q: torch.Tensor | None, drafts, vocab_size: int, seq_id: int) -> torch.Tensor | None:
-    """A chain's proposal rows as verify_chain takes them: the first k (the router may cut a chain
-    after it was drafted; row j belongs to draft j + 1 whatever follows), or None when they
-    cannot verify it (a faulty or stale row): the drafts are then verified as point masses."""
-    if q is None or q.shape[0] < len(drafts):
-        return None
-    q = q[: len(drafts)]
-    if q.shape[1] != vocab_size or not fits_chain(q, drafts):
-        log.warning("draft probabilities of sequence %d do not fit its chain: verified as point masses", seq_id)
-        return None
-    return q
-
-
-def _verifies_with_q(params) -> bool:
-    """Sampled, not keyed: speculative sampling needs the draft's proposal distribution."""
-    return not (params.greedy or params.keyed)
-
-
-def _check_tree(e: StepEntry) -> None:
-    if not e.tree_parents:
-        return
-    k = e.num_draft_tokens
-    bad = len(e.tree_parents) != k or len(e.token_ids) != k + 1
-    bad = bad or any(not 0 <= p <= i for i, p in enumerate(e.tree_parents))
-    if bad:
-        raise InvalidArgument(
-            f"entry of sequence {e.seq_id}: a tree entry is its root and {k} draft tokens, each with"
-            f" a parent node before it (node 0 is the root), got {len(e.token_ids)} tokens and"
-            f" tree_parents {list(e.tree_parents)}"
-        )
-    nodes = e.token_ids[len(e.token_ids) - k - 1 :]
-    siblings = {(p, nodes[i + 1]) for i, p in enumerate(e.tree_parents)}
-    if len(siblings) != k:
-        raise InvalidArgument(f"entry of sequence {e.seq_id}: sibling draft tokens repeat a token")
-
-
-def _tree_input(e: StepEntry) -> TreeInput | None:
-    """A tree entry's positions and mask (DECODE entries: every token is a tree node)."""
-    if not e.tree_parents:
-        return None
-    tree = TokenTree((-1, *e.tree_parents), e.token_ids)
-    return TreeInput(tree.depths, tree.attention_mask())
-
-
-def rows_of(scored: Sequence[StepEntry]) -> dict[int, int]:
-    """Where each scored entry's logits rows start: entries take num_draft_tokens + 1 rows each."""
-    starts, offset = {}, 0
-    for e in scored:
-        starts[e.seq_id] = offset
-        offset += e.num_draft_tokens + 1
-    return starts

@@ -231,7 +231,7 @@ def test_a_request_cancelled_while_its_draft_is_computed_leaves_the_others_runni
         go.set()
         out = list(first.choices[0].token_ids) + [t for r in other for t in r.choices[0].token_ids]
         assert out == generate(s.stub, prompt=TINY_PROMPTS[1], params=greedy(max_tokens=400, speculate=False))[0]
-        assert s.router_engine.counters.step_errors_total == 0
+        assert s.router_engine.figures.step_errors_total == 0
         assert s.wait_idle().sequences_live == 0 and wait_draft_idle(s).sequences_live == 0
     finally:
         go.set()

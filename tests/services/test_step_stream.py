@@ -75,7 +75,7 @@ def test_a_step_the_target_fails_fails_its_requests_and_the_next_request_is_serv
         generate(s.stub, prompt="hello", params=GREEDY)
     assert "target service failed a call: INTERNAL: ZeroDivisionError" in info.value.details()
     assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
-    assert s.router_engine.counters.step_errors_total == 1
+    assert s.router_engine.figures.step_errors_total == 1
     stats = s.wait_idle()
     assert stats.sequences_live == 0 and stats.kv_pages_free == stats.kv_pages_total
 
@@ -101,7 +101,7 @@ def test_a_draft_call_the_draft_fails_serves_plain_and_drafting_comes_back(tiny_
         speculator = s.router_engine.speculator
         s.draft_engine.draft = _once(s.draft_engine.draft, before=lambda: 1 / 0)
         assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected  # served plain
-        assert speculator.stats.draft_failures == 1 and s.router_engine.counters.step_errors_total == 0
+        assert speculator.stats.draft_failures == 1 and s.router_engine.figures.step_errors_total == 0
         deadline = time.monotonic() + 30
         while not speculator.healthy and time.monotonic() < deadline:  # its health probe resets it
             time.sleep(0.1)
@@ -120,7 +120,7 @@ def test_a_target_stream_that_ended_while_idle_is_opened_again(own_services):
     s.target_server, *_ = start_target(config, engine=s.target_engine)
     for _ in range(2):  # the first after the restart too: the router opens a fresh stream
         assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
-    assert s.router_engine.counters.step_errors_total == 0
+    assert s.router_engine.figures.step_errors_total == 0
 
 
 def test_a_target_restarted_while_idle_is_found_and_what_it_held_is_forgotten(own_services):
@@ -134,7 +134,7 @@ def test_a_target_restarted_while_idle_is_found_and_what_it_held_is_forgotten(ow
     s.target_server, _, _, s.target_engine, _ = start_target(_target_config(s))  # a fresh process's engine
     for _ in range(2):
         assert generate(s.stub, prompt=prompt, params=GREEDY)[0] == expected
-    counters = s.router_engine.counters
+    counters = s.router_engine.figures
     assert counters.step_errors_total == 0 and counters.target_restarts == 1 and counters.kv_mirror_mismatches == 0
     samples = {m.name: m.value for family in router_families(snapshot(s.router_engine)) for m in family.samples}
     assert samples["tandem_router_target_restarts_total"] == 1
@@ -197,6 +197,6 @@ def test_a_draft_restarted_while_idle_speculates_again(tiny_model, tmp_path):
             assert ids == expected
             drafted = last.usage.draft_tokens
             time.sleep(0.1)
-        assert speculator.healthy and s.router_engine.counters.step_errors_total == 0
+        assert speculator.healthy and s.router_engine.figures.step_errors_total == 0
     finally:
         s.stop()

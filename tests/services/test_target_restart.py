@@ -64,7 +64,7 @@ def test_a_target_back_with_a_smaller_kv_cache_is_scheduled_against_it(own_servi
     with pytest.raises(grpc.RpcError) as e:
         generate(s.stub, prompt="hello", params=long)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "can never fit" in e.value.details()
-    counters = s.router_engine.counters
+    counters = s.router_engine.figures
     assert counters.step_errors_total == 0 and counters.kv_mirror_mismatches == 0
 
 
@@ -83,7 +83,7 @@ def test_a_target_back_with_another_model_is_refused_until_the_routers_model_is_
     restart_target(s)
     wait_for_health(s, health_pb2.HealthCheckResponse.SERVING)
     assert generate(s.stub, prompt="hello", params=GREEDY)[0] == expected
-    assert s.router_engine.counters.target_restarts == 2
+    assert s.router_engine.figures.target_restarts == 2
 
 
 def test_router_health_follows_a_target_that_goes_down_before_any_request(own_services):
@@ -96,7 +96,7 @@ def test_router_health_follows_a_target_that_goes_down_before_any_request(own_se
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     restart_target(s, stop=False)
     wait_for_health(s, health_pb2.HealthCheckResponse.SERVING)
-    assert s.router_engine.counters.target_restarts == 1  # found with no request after its return
+    assert s.router_engine.figures.target_restarts == 1  # found with no request after its return
     assert len(generate(s.stub, prompt="hello", params=GREEDY)[0]) == GREEDY.max_tokens
 
 

@@ -41,7 +41,7 @@ def test_a_tree_near_the_end_of_the_context_is_trimmed(model, heads):
     s = with_tree(model, heads)
     try:
         ids, _, _, last = generate(s.stub, **request)
-        assert last.usage.draft_tokens > 0 and s.router_engine.counters.step_errors_total == 0
+        assert last.usage.draft_tokens > 0 and s.router_engine.figures.step_errors_total == 0
     finally:
         s.stop()
     assert ids == plain_output(model, **request)
@@ -52,7 +52,7 @@ def test_a_lone_tree_on_a_tiny_kv_cache_drafts_what_fits(model, heads):
     s = with_tree(model, heads, target={"kv_cache_tokens": 64, "kv_page_size": 8})
     try:
         ids = generate(s.stub, **request)[0]
-        assert s.router_engine.counters.step_errors_total == 0
+        assert s.router_engine.figures.step_errors_total == 0
     finally:
         s.stop()
     assert ids == plain_output(model, **request)
@@ -75,7 +75,7 @@ def test_a_malformed_tree_is_dropped_not_fatal(model, heads):
     s.draft_engine.draft = duplicating
     try:
         ids = generate(s.stub, prompt="hello there", params=greedy(8))[0]
-        assert s.router_engine.counters.step_errors_total == 0 and duplicated
+        assert s.router_engine.figures.step_errors_total == 0 and duplicated
     finally:
         s.stop()
     assert ids == plain_output(model, prompt="hello there", params=greedy(8))

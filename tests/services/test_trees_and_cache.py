@@ -38,7 +38,7 @@ def launch(tiny_model, trained_head):
 
 
 def assert_no_leaks(s):
-    assert s.router_engine.counters.kv_mirror_mismatches == 0  # the router's page view was exact
+    assert s.router_engine.figures.kv_mirror_mismatches == 0  # the router's page view was exact
     stats = s.wait_idle()
     assert stats.sequences_live == 0 and stats.kv_pages_free == stats.kv_pages_total, stats
     if s.draft_server is not None:

@@ -5,7 +5,8 @@ every sequence, so each literal decode names how far its sequence got."""
 
 from router.limits import EngineLimits
 from router.request import FinishReason, GenerationSpec, Request, new_request
-from router.scheduler import Scheduler, StepPlan
+from router.scheduler import Scheduler
+from router.step_plan import StepPlan
 from tandem.ops import EntryKind, EntryResult, SampledToken, StepEntry
 from tandem.sampling.params import SamplingParams
 

@@ -35,9 +35,8 @@ def test_a_stream_to_the_same_target_never_counts_backwards():
 
 
 def test_the_peer_says_when_its_stream_opens():
-    peer = DraftPeer("127.0.0.1:1")
     seen = []
-    peer.on_connected = lambda: seen.append(peer.connected)
+    peer = DraftPeer("127.0.0.1:1", on_connected=lambda p: seen.append(p.connected))
     peer._receive(HiddenStep(3, ()))
     peer._receive(HiddenStep(4, ()))
     assert seen == [True]

@@ -4,7 +4,8 @@ request trees (n > 1), as literal plans (helpers: tests/unit/scheduler_helpers.p
 from dataclasses import replace
 
 from router.request import GenerationSpec, child_sampler, new_request
-from router.scheduler import Scheduler, StepPlan
+from router.scheduler import Scheduler
+from router.step_plan import StepPlan
 from tandem.ops import AddSequence, EntryResult, ForkSequence, RemoveSequence, SampledToken
 from tests.unit.scheduler_helpers import (FIRST, GREEDY, SEEDED, decode, finish, limits, prefill, prompt, run,
                                           speculating, step, submit)

@@ -2,7 +2,6 @@
 again, where that is worth a prefill and changes no output."""
 
 import random
-from collections import Counter
 
 from router.request import FinishReason
 from router.draft_mirror import RESPECULATE_MIN_TOKENS_LEFT
@@ -162,7 +161,7 @@ def test_re_prefills_take_no_more_places_than_the_draft_has():
     lose_the_draft(sched)
     sched.draft_back()
     step(sched)
-    assert a.draft_live and not b.draft_live and not b.respeculated and sched.respeculated_total == 1
+    assert a.draft_live and not b.draft_live and b.draft.reprefills == 0 and sched.respeculated_total == 1
 
 
 def test_a_dropped_recycled_sequence_is_matched_only_by_plain_requests_and_nothing_is_dropped_in_vain():
@@ -241,7 +240,7 @@ def test_a_re_prefill_that_found_the_draft_full_is_not_its_one_and_the_next_free
     for _ in range(4):
         draft(step(sched))
     late = one.choices[2]  # turned away at its fork (the parent held a place), requeued once it left
-    assert late.respeculated and not late.live and not any(c.draft_live for c in two.choices)
+    assert late.draft.reprefills == 1 and not late.live and not any(c.draft_live for c in two.choices)
     finish(sched, one.choices[1])  # a place frees: two's children, requeued ahead of late, take both
     draft(step(sched))
     assert all(c.draft_live for c in two.choices) and late.live and late.draft_denied and not late.draft_live
@@ -261,15 +260,7 @@ def test_no_sequence_re_prefills_more_than_twice_whatever_takes_the_draft_first(
         capacity = rng.choice([2, 3])
         sched = Scheduler(limits(spec_draft_length=1, max_num_sequence=rng.choice([6, 8])), speculating,
                           draft_capacity=lambda: capacity)
-        draft, requests, prefills = draft_model(capacity), [], Counter()
-        respeculate = sched._respeculate
-
-        def counted() -> None:
-            before = {id(s) for s in [*sched.running, *sched.forking, *sched.waiting] if s.respeculated}
-            respeculate()
-            prefills.update(id(s) for s in sched.waiting if s.respeculated and id(s) not in before)
-
-        sched._respeculate = counted
+        draft, requests = draft_model(capacity), []
         for tag in range(1, 40):
             if rng.random() < 0.3 and len(requests) < 8:
                 requests.append(submit(sched, tag, rng.choice([4, 5, 9]), n=rng.choice([1, 1, 2, 3]), max_tokens=64))
@@ -277,6 +268,7 @@ def test_no_sequence_re_prefills_more_than_twice_whatever_takes_the_draft_first(
                 if rng.random() < 0.3:
                     finish(sched, rng.choice(live))
             draft(step(sched))
-        assert max(prefills.values(), default=0) <= 2, seed
-        retried += sum(s.respeculate_retried for r in requests for s in r.choices)
+        reprefills = [s.draft.reprefills for r in requests for s in (*r.choices, r.parent) if s]
+        assert max(reprefills, default=0) <= 2, seed
+        retried += reprefills.count(2)
     assert retried  # the second try was taken

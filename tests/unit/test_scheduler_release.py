@@ -1,7 +1,8 @@
 """Scheduler: preemption when the KV cache runs out, release of requests (cancelled, failed) and
 the prefix cache's flush, as literal plans; nothing may stay held."""
 
-from router.scheduler import Scheduler, StepPlan
+from router.scheduler import Scheduler
+from router.step_plan import StepPlan
 from tandem.ops import AddSequence, EntryKind, EntryResult, RemoveSequence, SampledToken
 from tests.unit.scheduler_helpers import (FIRST, GREEDY, SEEDED, assert_nothing_held, decode, finish, limits,
                                           prefill, prompt, run, speculating, step, submit)
@@ -180,7 +181,7 @@ def test_a_mixed_load_drains_within_the_limits_and_leaks_nothing():
         assert all(c.output_ids == list(range(FIRST, FIRST + request.spec.max_tokens)) for c in request.choices)
     # The load did exercise preemption, eviction and the prefix cache.
     assert sched.preempted_total > 0 and sched.kv.evicted_total > 0
-    assert sched.cached_tokens_total > 0
+    assert sched.kv.matched_tokens_total > 0
     sched.flush_prefix_cache()
     sched.schedule()
     assert_nothing_held(sched)

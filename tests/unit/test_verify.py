@@ -284,13 +284,13 @@ def test_without_draft_probs_the_drafts_are_point_masses_and_tokens_follow_p():
 
 
 def test_a_chain_cut_after_drafting_keeps_its_first_proposal_rows_and_faulty_rows_verify_nothing():
-    from target_service.engine import _chain_proposal
+    from target_service.entries import chain_proposal
 
     q = torch.softmax(torch.randn(4, 6, generator=torch.Generator().manual_seed(3)), dim=-1)
     drafts = [1, 2]  # the router kept 2 of the 4 drafts (pages short, the context's end)
-    assert torch.equal(_chain_proposal(q, drafts, 6, 1), q[:2])
-    assert _chain_proposal(q[:1], drafts, 6, 1) is None  # fewer rows than drafts
-    assert _chain_proposal(q[:, :5] / q[:, :5].sum(-1, keepdim=True), drafts, 6, 1) is None  # another vocabulary
+    assert torch.equal(chain_proposal(q, drafts, 6, 1), q[:2])
+    assert chain_proposal(q[:1], drafts, 6, 1) is None  # fewer rows than drafts
+    assert chain_proposal(q[:, :5] / q[:, :5].sum(-1, keepdim=True), drafts, 6, 1) is None  # another vocabulary
     for fault in ("nan", "negative", "zero at the draft"):
         bad = q.clone()
         if fault == "nan":
@@ -299,4 +299,4 @@ def test_a_chain_cut_after_drafting_keeps_its_first_proposal_rows_and_faulty_row
             bad[0, 3], bad[0, 4] = -0.1, bad[0, 4] + 0.1
         else:
             bad[1, 2], bad[1, 0] = 0.0, bad[1, 0] + bad[1, 2]
-        assert not fits_chain(bad[:2], drafts) and _chain_proposal(bad, drafts, 6, 1) is None, fault
+        assert not fits_chain(bad[:2], drafts) and chain_proposal(bad, drafts, 6, 1) is None, fault
