@@ -38,7 +38,7 @@ from tandem.kv.cache import PagedKVCache
 from tandem.models.config import ModelConfig
 from tandem.models.eagle import EagleConfig, draft_kernels, head_rope
 from tandem.models.eagle_io import (WEIGHT_FILES, head_config_for_target, read_eagle_checkpoint, read_tensors,
-                                    save_eagle_checkpoint, vocab_ids_from_d2t, widen_vocab)
+                                    vocab_ids_from_d2t, widen_vocab)
 from tandem.models.kernel_plan import DEFAULT_PLAN, KernelPlan
 from tandem.models.linear import Int8Linear, Linear, make_head_projection, with_plan
 from tandem.models.llama import ForwardBatch, LayerWeights, attention_block, mlp_block, rms_norm
@@ -271,23 +271,6 @@ def target_embed(target_dir: Path, dtype, device) -> torch.Tensor:
     return found[key].to(device=device, dtype=dtype).contiguous()
 
 
-def random_eagle3_state_dict(raw: dict, target: ModelConfig, *, seed: int = 0,
-                             vocab_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Random weights for an EAGLE-3 head config (public keys), scaled to keep activations O(1);
-    norms near, not at, 1 so a dropped norm shows. vocab_ids: a pruned draft vocabulary."""
-    config = Eagle3Config.from_dict(raw, target)
-    gen = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, shape in expected_shapes(config).items():
-        if len(shape) == 1:
-            state[name] = 1.0 + 0.1 * torch.randn(shape, generator=gen)
-        else:
-            state[name] = torch.randn(shape, generator=gen) * shape[1] ** -0.5
-    if vocab_ids is not None:
-        state["d2t"] = vocab_ids.to(torch.int64) - torch.arange(len(vocab_ids))
-    return state
-
-
 def eagle3_config_for_target(target_dir: Path, *, draft_vocab_size: int | None = None,
                              aux_layers: tuple[int, ...] | None = None) -> dict:
     """A public EAGLE-3 config.json for a head sized like the target; aux layers written out."""
@@ -296,12 +279,3 @@ def eagle3_config_for_target(target_dir: Path, *, draft_vocab_size: int | None =
     del raw["bias"]  # EAGLE-3's fc has none
     return raw | {"architectures": [ARCHITECTURE], "draft_vocab_size": draft_vocab_size or raw["vocab_size"],
                   "eagle_aux_hidden_state_layer_ids": list(aux_layers or default_aux_layers(target.num_layers))}
-
-
-def random_eagle3_checkpoint(out_dir: Path, target_dir: Path, *, seed: int = 0, vocab_ids: torch.Tensor | None = None,
-                             aux_layers: tuple[int, ...] | None = None, format: str = "safetensors") -> Path:
-    """A random-weight EAGLE-3 head for the target in the public format (tests)."""
-    raw = eagle3_config_for_target(target_dir, draft_vocab_size=None if vocab_ids is None else len(vocab_ids),
-                                   aux_layers=aux_layers)
-    state = random_eagle3_state_dict(raw, ModelConfig.from_folder(target_dir), seed=seed, vocab_ids=vocab_ids)
-    return save_eagle_checkpoint(out_dir, raw, state, format=format)

@@ -264,11 +264,6 @@ def save_medusa_checkpoint(out_dir: Path, config: dict, state: dict[str, torch.T
     return out_dir
 
 
-def save_medusa_heads(out_dir: Path, heads: MedusaHeads, *, format: str = "safetensors") -> Path:
-    config = {"architectures": ["MedusaModel"], **heads.config.to_dict()}
-    return save_medusa_checkpoint(out_dir, config, heads.state_dict(), format=format)
-
-
 def random_medusa_checkpoint(
     out_dir: Path, target_dir: Path, num_heads: int = 4, seed: int = 0, *,
     num_layers: int = 1, own_lm_head: bool = True, format: str = "safetensors",

@@ -13,10 +13,10 @@ from transformers import AutoModelForCausalLM
 from draft_service.peer_client import DraftPeer
 from tandem import peer_codec
 from tandem.models.config import ModelConfig
-from tandem.models.eagle3 import random_eagle3_checkpoint
 from tandem.ops import AddSequence, EntryKind, StepEntry, StepRequest
 from tandem.peer import HiddenPairs, HiddenStep
 from tandem.sampling.params import SamplingParams
+from tandem.testing.drafts import random_eagle3_checkpoint
 from tandem.testing.tiny import TINY_PROMPTS
 from tandem.v1 import generate_pb2 as pb
 from target_service.config import TargetConfig

@@ -9,7 +9,6 @@ import torch
 
 from draft_service.config import DraftConfig
 from draft_service.engine import DraftEngine
-from draft_service.methods import load_draft_head
 from draft_service.peer_client import DraftPeer
 from tandem.errors import NotFound
 from tandem.models.eagle_io import random_eagle_checkpoint
@@ -26,6 +25,7 @@ from tandem.ops import (
     StepRequest,
 )
 from tandem.sampling.params import SamplingParams
+from tandem.testing.drafts import load_draft_head
 from tandem.testing.tiny import build_tiny_model
 from target_service.config import TargetConfig
 from target_service.engine import TargetEngine

@@ -23,13 +23,12 @@ from tandem.models.eagle3 import (
     eagle3_config_for_target,
     is_eagle3_folder,
     load_eagle3_head,
-    random_eagle3_checkpoint,
-    random_eagle3_state_dict,
 )
 from tandem.models.eagle_io import read_eagle_checkpoint, save_eagle_checkpoint
 from tandem.kv.batching import append_batch
 from tandem.kv.cache import PagedKVCache
 from tandem.models.loader import load_model
+from tandem.testing.drafts import random_eagle3_checkpoint, random_eagle3_state_dict
 from tandem.testing.tiny import build_tiny_model
 from tests.unit.test_eagle import HeadRunner, assert_close
 

@@ -13,13 +13,11 @@ from draft_service import eagle_tree
 from draft_service import engine as engine_module
 from draft_service.config import DraftConfig
 from draft_service.engine import DraftEngine
-from draft_service.methods import load_draft_head
 from draft_service.peer_client import DraftPeer
 from draft_service.proposal import proposal_sampler
 from tandem.attention.torch_backend import TorchAttention
 from tandem.kv.batching import TreeInput, append_batch
 from tandem.kv.cache import PagedKVCache
-from tandem.models.eagle3 import random_eagle3_checkpoint
 from tandem.models.eagle_io import random_eagle_checkpoint
 from tandem.models.loader import load_model
 from tandem.ops import AddSequence, DraftRequest, DraftSeq, PopTokens, RemoveSequence
@@ -29,6 +27,7 @@ from tandem.sampling.sampler import probabilities, process_logits, received_prop
 from tandem.sampling.state import SamplingState
 from tandem.sampling.tree_verify import fits_sampled_tree
 from tandem.spec.token_tree import TokenTree
+from tandem.testing.drafts import load_draft_head, random_eagle3_checkpoint
 from tandem.testing.tiny import build_tiny_model
 
 GREEDY = SamplingParams(temperature=0)

@@ -28,7 +28,6 @@ from tandem.models.medusa import (
     load_medusa_heads,
     random_medusa_checkpoint,
     save_medusa_checkpoint,
-    save_medusa_heads,
     target_lm_head,
 )
 from tandem.models.config import ModelConfig
@@ -36,6 +35,7 @@ from tandem.ops import AddSequence, DraftRequest, DraftSeq, ForkSequence, PopTok
 from tandem.peer import HiddenPairs, HiddenStep
 from tandem.sampling.params import SamplingParams
 from tandem.spec.token_tree import SMALL_STATIC_TREE
+from tandem.testing.drafts import save_medusa_heads
 from tandem.testing.tiny import build_tiny_model
 
 GREEDY = SamplingParams(temperature=0)
