@@ -57,7 +57,7 @@ class RouterEngine:
         first_step_id: int = 1,
         draft_max_num_sequence: int | None = None,
         tracing: Tracing | None = None,
-        wake: "Wake | None" = None,
+        wake: Wake | None = None,
         on_serving: Callable[[bool], Awaitable[None]] | None = None,
     ):
         """`wake`: the loop's wake-up, which the target link rings when its step stream ends
