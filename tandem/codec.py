@@ -26,6 +26,7 @@ from tandem.ops import (
     StepResult,
 )
 from tandem.sampling.params import SamplingParams
+from tandem.structured.spec import StructuredOutput
 from tandem.v1 import engine_pb2 as pb
 from tandem.v1 import generate_pb2
 
@@ -48,7 +49,26 @@ def sampler_to_pb(p: SamplingParams) -> pb.SamplerConfig:
     )
     if p.seed is not None:
         msg.seed = p.seed
+    if p.structured_output is not None:
+        msg.structured_output.CopyFrom(structured_output_to_pb(p.structured_output))
     return msg
+
+
+def structured_output_to_pb(s: StructuredOutput) -> generate_pb2.StructuredOutput:
+    if s.kind == "choice":
+        return generate_pb2.StructuredOutput(choice=generate_pb2.Choices(values=s.value))
+    return generate_pb2.StructuredOutput(**{s.kind: s.value})
+
+
+def structured_output_from_pb(m: generate_pb2.StructuredOutput) -> StructuredOutput | None:
+    """The public message (also inside SamplerConfig) as the domain value; None when no kind is
+    set. Not yet validated (StructuredOutput.validate, then a backend's compile)."""
+    kind = m.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "choice":
+        return StructuredOutput(kind, tuple(m.choice.values))
+    return StructuredOutput(kind, getattr(m, kind))
 
 
 def sampler_from_pb(m: pb.SamplerConfig) -> SamplingParams:
@@ -65,6 +85,7 @@ def sampler_from_pb(m: pb.SamplerConfig) -> SamplingParams:
         logprobs=m.logprobs,
         top_logprobs=m.top_logprobs,
         keyed_draws=m.keyed_draws,
+        structured_output=structured_output_from_pb(m.structured_output),
     )
 
 

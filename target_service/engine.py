@@ -47,6 +47,7 @@ from tandem.spec.token_tree import TokenTree
 from tandem.telemetry.tracing import carrier, step_phases
 from target_service.config import TargetConfig
 from target_service.entries import chain_proposal, check_entries, rows_of, tree_input, verifies_with_q
+from target_service.grammars import TargetGrammars, allowed_rows
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class TargetEngine:
         self._carry: dict[int, torch.Tensor] = {}  # hidden of a chunk's last position, awaiting its next token
         self._kept_nodes: dict[int, tuple[int, ...]] = {}  # this step's accepted path of a verify
         self._tokens: dict[int, list[int]] = {}  # every token in each sequence's KV, in order
+        self.grammars = TargetGrammars(config.model_dir, mc.vocab_size)  # structured output's matchers
         self._lock = threading.Lock()
         # A router's Steps stream read through it drops every sequence at its end.
         self.router_streams = RouterStreams(self._lock, self._drop_sequences, "target")
@@ -146,6 +148,7 @@ class TargetEngine:
         self._samplers.clear()
         self._tokens.clear()
         self._carry.clear()
+        self.grammars.clear()
         self.peer.clear_probs()  # a fresh router numbers its draft steps from 1 again
 
     def step(self, request: StepRequest, span: Span = INVALID_SPAN) -> StepResult:
@@ -179,6 +182,7 @@ class TargetEngine:
             state = self._new_sampler(op.sampler, op.num_prompt_tokens)
             self.allocator.add(op.seq_id)
             self._samplers[op.seq_id], self._tokens[op.seq_id] = state, []
+            self.grammars.added(op.seq_id, op.sampler, op.num_prompt_tokens)
         elif isinstance(op, ForkSequence):
             self._fork(op)
         elif isinstance(op, PopTokens):
@@ -189,6 +193,7 @@ class TargetEngine:
             self.allocator.remove(op.seq_id)
             del self._samplers[op.seq_id], self._tokens[op.seq_id]
             self._carry.pop(op.seq_id, None)
+            self.grammars.removed(op.seq_id)
         else:
             raise InvalidArgument(f"unknown sequence op {op!r}")
 
@@ -201,6 +206,7 @@ class TargetEngine:
         prefix = self._tokens[op.parent_id][: op.position]
         state.observe_prefill(0, prefix)
         self._samplers[op.seq_id], self._tokens[op.seq_id] = state, prefix
+        self.grammars.added(op.seq_id, op.sampler, op.num_prompt_tokens, len(prefix))
         carry = self._carry.get(op.parent_id)
         if carry is not None and op.position == self.allocator.length(op.parent_id):
             self._carry[op.seq_id] = carry.clone()
@@ -210,6 +216,7 @@ class TargetEngine:
         if self.allocator.num_sequences >= self.config.max_num_sequence:
             raise ResourceExhausted(f"max_num_sequence ({self.config.max_num_sequence}) sequences already live")
         params.validate(self.model.config.vocab_size)
+        self.grammars.check(params)
         return SamplingState(params, self.model.config.vocab_size, self.device, num_prompt_tokens)
 
     # -- the forward pass ---------------------------------------------------------------------
@@ -226,13 +233,17 @@ class TargetEngine:
         for phase in phases:
             span.add_event(f"start {phase}")
         self._follow_peer()
-        hidden = self._model_forward(batch, embeds)
+        scored = [e for e in entries if e.sample]
+        pending = self.grammars.start(scored, self._tokens)  # mask rows, while the forward runs
+        try:
+            hidden = self._model_forward(batch, embeds)
+        finally:
+            masks = pending.result() if pending is not None else {}
         features = hidden  # what the draft reads
         if self._capture:
             d = self.model.config.hidden_size
             hidden, features = hidden[:, :d], hidden[:, d:]
         self._tokens_run += int(batch.input_ids.numel())
-        scored = [e for e in entries if e.sample]
         rows = [first_rows[e.seq_id] + len(e.token_ids) - 1 - i for e in scored for i in range(e.num_draft_tokens, -1, -1)]
         logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)]) if rows else None
         starts = rows_of(scored)
@@ -240,10 +251,10 @@ class TargetEngine:
         plain = [e for e in scored if e.num_draft_tokens == 0]
         if plain:
             plain_rows = torch.tensor([starts[e.seq_id] for e in plain], device=self.device)
-            sampled = self._sample(logits[plain_rows], [e.seq_id for e in plain])
+            sampled = self._sample(logits[plain_rows], [e.seq_id for e in plain], masks)
             results.update({e.seq_id: EntryResult(e.seq_id, (t,)) for e, t in zip(plain, sampled)})
         drafted = [e for e in scored if e.num_draft_tokens]
-        results.update(self._verify(drafted, logits, starts, request.draft_step_id))
+        results.update(self._verify(drafted, logits, starts, request.draft_step_id, masks))
         for phase in phases:
             span.add_event(f"finish {phase}")
         for e in entries:
@@ -251,8 +262,9 @@ class TargetEngine:
         self._emit_hidden(request.step_id, entries, features, first_rows, results, trace_context)
         return tuple(results[e.seq_id] for e in entries)
 
-    def _verify(self, entries, logits, row_starts: dict[int, int], draft_step_id: int) -> dict[int, EntryResult]:
-        """Accepts a prefix of each entry's drafts; keeps only the accepted tokens' KV."""
+    def _verify(self, entries, logits, row_starts: dict[int, int], draft_step_id: int, masks) -> dict[int, EntryResult]:
+        """Accepts a prefix of each entry's drafts; keeps only the accepted tokens' KV. masks:
+        the grammar's rows of constrained entries."""
         if not entries:
             return {}
         need_probs = any(verifies_with_q(self._samplers[e.seq_id].params) and (e.sampled_tree or not e.tree_parents)
@@ -265,22 +277,24 @@ class TargetEngine:
             rows = logits[row_starts[e.seq_id] : row_starts[e.seq_id] + k + 1]
             if e.tree_parents:
                 q = probs.get(e.seq_id) if e.sampled_tree else None
-                result = self._verify_tree(e, rows, q[: k + 1] if q is not None and q.shape[0] > k else None)
+                result = self._verify_tree(e, rows, q[: k + 1] if q is not None and q.shape[0] > k else None,
+                                           masks.get(e.seq_id))
             else:
                 drafts = e.token_ids[len(e.token_ids) - k :]
                 q = chain_proposal(probs.get(e.seq_id), drafts, rows.shape[1], e.seq_id)
                 first = len(self._tokens[e.seq_id]) - k  # the index row 0 scores
-                result = verify_chain(rows, drafts, q, self._samplers[e.seq_id], first)
+                result = verify_chain(rows, drafts, q, self._samplers[e.seq_id], first, masks.get(e.seq_id))
                 self._kept_nodes[e.seq_id] = tuple(range(result.num_accepted + 1))
                 rejected = k - result.num_accepted
                 if rejected:
                     self.allocator.pop(e.seq_id, rejected)
                     del self._tokens[e.seq_id][-rejected:]
             tokens = tuple(SampledToken(t.token_id, t.logprob, t.top) for t in result.tokens)
+            self.grammars.emitted(e.seq_id, [t.token_id for t in tokens])
             out[e.seq_id] = EntryResult(e.seq_id, tokens, result.num_accepted)
         return out
 
-    def _verify_tree(self, e: StepEntry, rows: torch.Tensor, q: torch.Tensor | None):
+    def _verify_tree(self, e: StepEntry, rows: torch.Tensor, q: torch.Tensor | None, allowed=None):
         """The entry's last k + 1 tokens are a token tree (node 0 = the last sampled token).
         q: [k + 1, V], row i the distribution node i's children were drawn from without
         replacement (a sampled tree); None: they count as chosen deterministically, which is
@@ -290,7 +304,7 @@ class TargetEngine:
         if q is not None and (q.shape[1] != rows.shape[1] or not fits_sampled_tree(q, tree)):
             log.warning("draft probabilities of sequence %d do not fit its tree: verified as top-k", e.seq_id)
             q = None
-        result = verify_tree(rows, tree, q, self._samplers[e.seq_id], len(self._tokens[e.seq_id]) - k)
+        result = verify_tree(rows, tree, q, self._samplers[e.seq_id], len(self._tokens[e.seq_id]) - k, allowed)
         kept = (0, *result.accepted_nodes)
         start = self.allocator.length(e.seq_id) - (k + 1)
         self.cache.keep_path(e.seq_id, start, kept)
@@ -344,15 +358,19 @@ class TargetEngine:
             if e.kind is EntryKind.PREFILL:
                 self._samplers[e.seq_id].observe_prefill(len(self._tokens[e.seq_id]), e.token_ids)
             self._tokens[e.seq_id].extend(e.token_ids)
+            if e.kind is EntryKind.PREFILL:
+                self.grammars.prefilled(e.seq_id, len(self._tokens[e.seq_id]))
         items = [(e.seq_id, e.token_ids) for e in entries]
         trees = {e.seq_id: t for e in entries if (t := tree_input(e)) is not None}
         return append_batch(self.cache, self.model.backend, items, self.model.config.sliding_window, self.device, trees)
 
-    def _sample(self, logits: torch.Tensor, seq_ids: list[int]) -> list[SampledToken]:
+    def _sample(self, logits: torch.Tensor, seq_ids: list[int], masks) -> list[SampledToken]:
         states = [self._samplers[s] for s in seq_ids]
-        out = sample(logits, states, [len(self._tokens[s]) for s in seq_ids])  # each token's index
+        allowed = allowed_rows(masks, seq_ids, logits.shape[1])
+        out = sample(logits, states, [len(self._tokens[s]) for s in seq_ids], allowed)  # each token's index
         tokens = []
         for i, state in enumerate(states):
             state.observe_output(out.token_ids[i])
+            self.grammars.emitted(seq_ids[i], out.token_ids[i:i + 1])
             tokens.append(SampledToken(out.token_ids[i], out.logprobs[i], tuple(out.top_logprobs[i])))
         return tokens

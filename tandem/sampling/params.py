@@ -9,6 +9,8 @@ Words:
 - keyed: a seeded sampled sequence whose token at each index is drawn with noise keyed by
   (seed, index) instead of its random stream's next numbers (see keyed.py): the router asks it
   for every seeded request, so that the output does not depend on the schedule.
+- structured output: a grammar (JSON schema, regex, Lark, choice) whose mask the target applies
+  to the logits before all of the above (docs/structured-output.md).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from tandem.errors import InvalidArgument
+from tandem.structured.spec import StructuredOutput
 
 MAX_TOP_LOGPROBS = 20
 _MAX_PENALTY = 2.0
@@ -39,6 +42,8 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     keyed_draws: bool = False  # with a seed: position-keyed draws (keyed.py)
+    # The grammar the output keeps to (tandem/structured); None: free text.
+    structured_output: StructuredOutput | None = None
 
     @property
     def greedy(self) -> bool:
@@ -81,6 +86,8 @@ class SamplingParams:
         if self.seed is not None:
             ok = 0 <= self.seed <= _UINT64_MAX
             _check(ok, "seed", self.seed, "must fit in an unsigned 64-bit integer")
+        if self.structured_output is not None:
+            self.structured_output.validate()  # what needs no compiler; compiling: tandem/structured
 
 
 def _check(ok: bool, field: str, value: object, rule: str) -> None:

@@ -259,16 +259,30 @@ def _race_distinct(probs: Tensor, k: int, generator: torch.Generator) -> Tensor:
     return support[keys.topk(min(k, len(support))).indices]
 
 
-def sample(logits: Tensor, states: Sequence[SamplingState], indices: Sequence[int] = ()) -> SampleResult:
+def masked(logits: Tensor, allowed: Tensor | None) -> Tensor:
+    """The logits a grammar leaves: [R, V], tokens outside `allowed` [R, V] bool at -inf (None:
+    `logits` itself). Every later step (penalties, bias, temperature, top-k/p, min-p, argmax,
+    keyed draws) keeps them at probability 0, so p' = the target's distribution renormalised
+    over the grammar's tokens. Each row must allow a token."""
+    if allowed is None:
+        return logits
+    assert allowed.shape == logits.shape and allowed.dtype == torch.bool
+    assert bool(allowed.any(dim=-1).all()), "a grammar mask row allows no token"
+    return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+
+
+def sample(logits: Tensor, states: Sequence[SamplingState], indices: Sequence[int] = (),
+           allowed: Tensor | None = None) -> SampleResult:
     """Sample one token per row and report raw logprobs.
 
     logits: [B, V] raw logits, any float dtype. Greedy rows take the argmax of the processed
     logits and draw nothing from their generator; sampled rows `draw` from `probabilities`, keyed
     ones (`params.keyed`) with `keyed_draw` at `indices[row]`, the index of the token in its
     sequence. Tokens are not recorded in the states: the caller calls `observe_output` on commit.
+    allowed: [B, V] bool grammar masks (`masked`), None: none; logprobs stay the raw model's.
     """
     assert logits.dim() == 2 and logits.shape[0] == len(states)
-    processed = process_logits(logits, states)
+    processed = process_logits(masked(logits, allowed), states)
     token_ids = processed.argmax(dim=-1)  # [B]; final for greedy rows
     sampled = [i for i, s in enumerate(states) if not s.params.greedy]
     if sampled:

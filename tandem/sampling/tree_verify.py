@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from tandem.sampling.keyed import keyed_token
-from tandem.sampling.sampler import draw, probabilities, process_logits
+from tandem.sampling.sampler import draw, masked, probabilities, process_logits
 from tandem.sampling.state import SamplingState
 from tandem.sampling.verify import VerifiedToken, VerifyResult, _verified_tokens, proper_proposal
 from tandem.spec.token_tree import TokenTree
@@ -75,6 +75,7 @@ def verify_tree(
     draft_probs: DraftProbs | None,
     state: SamplingState,
     first_index: int = 0,
+    allowed: Tensor | None = None,
 ) -> TreeVerifyResult:
     """Accept the drafts along one path of the tree, emit one recovered or bonus token after them.
 
@@ -89,11 +90,13 @@ def verify_tree(
         emitted token is recorded with `observe_output`, in order.
     first_index: the index in its sequence of the token the root's row scores (keyed states);
         a node at depth d scores index first_index + d.
+    allowed: [N, V] bool, the grammar's mask of each node's row (None: none), as in verify_chain:
+        the rules run on the masked, renormalised p', so no node outside the grammar is accepted.
     """
     n, vocab_size = len(tree), state.vocab_size
     assert target_logits.dim() == 2 and tuple(target_logits.shape) == (n, vocab_size)
     assert all(t < vocab_size for t in tree.tokens), "tree tokens must be < the vocabulary size"
-    rows = _PathRows(target_logits, state)
+    rows = _PathRows(masked(target_logits, allowed), state)
     if state.params.greedy:
         accepted, last = _walk_greedy(rows, tree, lambda node: int(rows.processed(node).argmax()))
     elif state.params.keyed:

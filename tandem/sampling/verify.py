@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from tandem.sampling.keyed import keyed_token
-from tandem.sampling.sampler import draw, probabilities, process_logits
+from tandem.sampling.sampler import draw, masked, probabilities, process_logits
 from tandem.sampling.state import SamplingState
 
 
@@ -55,6 +55,7 @@ def verify_chain(
     draft_probs: Tensor | None,
     state: SamplingState,
     first_index: int = 0,
+    allowed: Tensor | None = None,
 ) -> VerifyResult:
     """Accept a prefix of the draft chain, emit one recovered or bonus token, record all outputs.
 
@@ -68,6 +69,10 @@ def verify_chain(
     state: the sequence's sampling state. Its generator is consumed (sampling only); every
         emitted token is recorded with `observe_output`, in order.
     first_index: the index in its sequence of the token row 0 scores (keyed states).
+    allowed: [k + 1, V] bool, the grammar's mask of each row (None: none): every rule above then
+        runs on p' = p masked and renormalised (`sampler.masked`), so a draft outside the grammar
+        has p'(d) = 0 and is rejected, the residual and the bonus come from p'. Exact for any q.
+        Logprobs stay raw.
     """
     k = len(draft_tokens)
     vocab_size = state.vocab_size
@@ -76,7 +81,7 @@ def verify_chain(
     assert draft_probs is None or tuple(draft_probs.shape) == (k, vocab_size)
     if not (state.params.greedy or state.params.keyed) and draft_probs is None and k:
         draft_probs = torch.nn.functional.one_hot(torch.tensor(list(draft_tokens)), vocab_size).float()
-    rows = _TargetRows(target_logits[: len(draft_tokens) + 1], state)
+    rows = _TargetRows(masked(target_logits, allowed)[: len(draft_tokens) + 1], state)
     if state.params.greedy:
         num_accepted, last = _verify_greedy(draft_tokens, lambda j: int(rows.processed(j).argmax()), rows.accept)
     elif state.params.keyed:

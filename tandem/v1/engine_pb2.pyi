@@ -187,7 +187,7 @@ class EngineInfo(_message.Message):
     def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_context_length: _Optional[int] = ..., kv_page_size: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., max_num_sequence: _Optional[int] = ..., dtype: _Optional[str] = ..., hidden_size: _Optional[int] = ..., sliding_window: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class SamplerConfig(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "seed", "logprobs", "top_logprobs", "keyed_draws")
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "seed", "logprobs", "top_logprobs", "keyed_draws", "structured_output")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +207,7 @@ class SamplerConfig(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     KEYED_DRAWS_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -219,7 +220,8 @@ class SamplerConfig(_message.Message):
     logprobs: bool
     top_logprobs: int
     keyed_draws: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., keyed_draws: _Optional[bool] = ...) -> None: ...
+    structured_output: _generate_pb2.StructuredOutput
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., seed: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., keyed_draws: _Optional[bool] = ..., structured_output: _Optional[_Union[_generate_pb2.StructuredOutput, _Mapping]] = ...) -> None: ...
 
 class AddSequence(_message.Message):
     __slots__ = ("seq_id", "sampler", "num_prompt_tokens")
