@@ -33,12 +33,6 @@ def _env_flag(name: str):
     return env_flag(f"TANDEM_{name.upper()}")
 
 
-def default_model(dtype: str) -> Path:
-    from tandem.models.fetch import model_dir, tandem_home
-
-    return model_dir(tandem_home(), dtype)
-
-
 def resolve_model(args) -> Path:
     """--model, else the default model (fetched on first use)."""
     if args.model:
