@@ -1,9 +1,7 @@
 """The router's conversions between the public protobuf API and its domain types, with the
 validation that names the offending field. The only router module that imports generate_pb2."""
 
-import threading
 import uuid
-import weakref
 
 from router.figures import RouterSnapshot
 from router.limits import RequestLimits
@@ -13,7 +11,6 @@ from tandem.errors import InvalidArgument
 from tandem.figures import HistogramSnapshot
 from tandem.sampling.params import SamplingParams
 from tandem.codec import structured_output_from_pb
-from tandem.structured.llguidance_backend import LlguidanceBackend
 from tandem.v1 import generate_pb2 as pb
 
 def _shown(text: str, width: int = 40) -> str:
@@ -129,7 +126,7 @@ def spec_from_pb(
     check_params(p, limits, vocab_size)
     sampler = sampler_from_pb(p, vocab_size)
     if sampler.structured_output is not None:  # a spec that does not compile names its field
-        grammar_backend(tokenizer, vocab_size).compile(sampler.structured_output)
+        tokenizer.grammars(vocab_size).compile(sampler.structured_output)
     if len(request.token_ids) >= max_context:  # before each id is read
         raise InvalidArgument(f"prompt has {len(request.token_ids)} tokens; the context holds {max_context} (prompt + at least 1)")
     ids = prompt_ids(request, tokenizer, vocab_size, limits)
@@ -158,24 +155,6 @@ def spec_from_pb(
         stop_token_ids=frozenset(stop_ids),
         speculate=p.speculate if p.HasField("speculate") else True,
     )
-
-
-# The grammar backend of each tokenizer, made at its first structured request (0.2 s for a 49k
-# vocabulary), its compiled grammars cached by content; the target compiles the same specs again.
-_backends: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_backends_lock = threading.Lock()
-
-
-def grammar_backend(tokenizer: Tokenizer, vocab_size: int) -> LlguidanceBackend:
-    with _backends_lock:
-        backend = _backends.get(tokenizer)
-        if backend is None or backend.vocab_size != vocab_size:
-            # The Rust tokenizer's JSON (truncation and padding already off): what the target
-            # reads from tokenizer.json, without transformers (it would import torch).
-            text = tokenizer.hf._rust.to_str()
-            backend = LlguidanceBackend(text, vocab_size, tokenizer.eos_token_ids)
-            _backends[tokenizer] = backend
-        return backend
 
 
 def delta_to_pb(request_id: str, delta: Delta, tokenizer: Tokenizer, want_logprobs: bool) -> pb.GenerateResponse:

@@ -81,6 +81,10 @@ class FastTokenizer:
         self.chat_template = _chat_template(folder, config)
         self._template = None
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json holds it (with what the first call turned off)."""
+        return self._rust.to_str()
+
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
         return {"input_ids": self._rust.encode(text, add_special_tokens=add_special_tokens).ids}
 
