@@ -27,6 +27,15 @@ from tandem.structured.spec import StructuredOutput
 # hostile schema costs a bounded time; the defaults are 1M fuel and 500k grammar symbols.
 COMPILE_LIMITS = dict(initial_lexer_fuel=1_000_000, max_grammar_size=200_000, step_lexer_fuel=200_000,
                       step_max_items=50_000, max_lexer_states=250_000)
+# A wall-clock cap on a whole compile (the schema's conversion and the matcher's construction),
+# beside the fuel: what fuel does not meter (a huge schema's conversion, a loaded machine) still
+# ends. Compiles measured here take 1-15 ms; the abandoned compile finishes on its own thread.
+COMPILE_TIMEOUT_S = 1.0
+# JSON's free whitespace, by default: none, and json.dumps's separators. llguidance's default
+# (any run of spaces and newlines between tokens) lets a small model pad its output with
+# whitespace until max_tokens; one canonical layout also makes more tokens forced. A schema's
+# "x-guidance" overrides these (defaults -> x-guidance -> nothing).
+JSON_DEFAULTS = dict(whitespace_flexible=False, item_separator=", ", key_separator=": ")
 CACHE_SIZE = 128
 _MAX_MESSAGE = 600  # a compiler message goes back in a status: keep it short
 
@@ -66,8 +75,10 @@ class LlguidanceBackend:
     """backend.GrammarBackend over one tokenizer; compiled grammars in an LRU keyed by the spec's
     text. Thread-safe: the router compiles in its conversion threads."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: Iterable[int]):
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: Iterable[int],
+                 compile_timeout_s: float = COMPILE_TIMEOUT_S):
         self.vocab_size = vocab_size
+        self.compile_timeout_s = compile_timeout_s
         self.eos_token_ids = frozenset(eos_token_ids)
         if not self.eos_token_ids:
             raise ValueError("structured output needs the model's EOS token id")
@@ -89,7 +100,7 @@ class LlguidanceBackend:
                 self._cache.move_to_end(key)
                 return hit
         started = time.perf_counter()
-        matcher = llguidance.LLMatcher(self._tokenizer, _grammar_text(spec), log_level=0, limits=self._limits)
+        matcher = self._build(spec)
         if matcher.is_error():
             raise InvalidArgument(f"{spec.field}: {_short(matcher.get_error())}")
         compiled = CompiledGrammar(key, matcher, time.perf_counter() - started)
@@ -98,6 +109,28 @@ class LlguidanceBackend:
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return compiled
+
+    def _build(self, spec: StructuredOutput) -> llguidance.LLMatcher:
+        """The spec's matcher, built on a thread of its own that the caller waits for at most
+        compile_timeout_s (llguidance drops the GIL while it compiles)."""
+        box: dict = {}
+
+        def build():
+            try:
+                box["matcher"] = llguidance.LLMatcher(self._tokenizer, _grammar_text(spec), log_level=0,
+                                                      limits=self._limits)
+            except BaseException as e:  # noqa: BLE001 (raised again in the caller's thread)
+                box["error"] = e
+
+        worker = threading.Thread(target=build, name="grammar-compile", daemon=True)
+        worker.start()
+        worker.join(self.compile_timeout_s)
+        if worker.is_alive():  # left to finish on its own; its result is dropped, never cached
+            raise InvalidArgument(f"{spec.field}: compiling took over {self.compile_timeout_s:g} s, the cap on a "
+                                  "compile: simplify it")
+        if "error" in box:
+            raise box["error"]
+        return box["matcher"]
 
     def new_matcher(self, grammar: CompiledGrammar) -> LlguidanceMatcher:
         return LlguidanceMatcher(grammar.template.deep_copy())
@@ -118,11 +151,11 @@ def _grammar_text(spec: StructuredOutput) -> str:
         if not isinstance(schema, (dict, bool)):
             raise InvalidArgument(f"{spec.field}: a schema is a JSON object, got {type(schema).__name__}")
         try:
-            return L.grammar_from_json_schema(spec.value)
+            return L.grammar_from_json_schema(spec.value, defaults=JSON_DEFAULTS)
         except ValueError as e:
             raise InvalidArgument(f"{spec.field}: {_short(str(e))}") from None
     if spec.kind == "json_object":
-        return L.grammar_from_json_schema('{"type": "object"}')
+        return L.grammar_from_json_schema('{"type": "object"}', defaults=JSON_DEFAULTS)
     if spec.kind == "regex":
         return L.grammar_from_regex(spec.value)
     if spec.kind == "grammar":

@@ -119,3 +119,44 @@ def test_json_schema_mask_cost_is_bounded(backend, tok):
     text = ids(tok, '{"n": 12}')
     masks = chain_masks(g, text, backend.vocab_size)
     assert all(masks[j, t] for j, t in enumerate(text))
+
+
+def test_a_compile_over_the_wall_clock_cap_is_invalid_argument_naming_the_field_and_the_cap(tok):
+    vocab = -(-len(tok) // 64) * 64
+    hurried = LlguidanceBackend(tok.backend_tokenizer.to_str(), vocab, [EOS], compile_timeout_s=1e-4)
+    big = {"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": "[a-z]{3,40}"} for i in range(300)}}
+    spec = StructuredOutput("json_schema", json.dumps(big))
+    with pytest.raises(InvalidArgument) as e:
+        hurried.compile(spec)
+    assert str(e.value).startswith("params.structured_output.json_schema: compiling took over 0.0001 s")
+    assert hurried.cached() == 0  # the late result is never cached
+    roomy = LlguidanceBackend(tok.backend_tokenizer.to_str(), vocab, [EOS])
+    assert roomy.compile_timeout_s == 1.0 and roomy.compile(spec).compile_s < 1.0
+
+
+def test_a_compiler_error_still_reaches_the_caller_through_the_compile_thread(backend):
+    with pytest.raises(InvalidArgument, match="unclosed group"):
+        backend.compile(StructuredOutput("regex", "(x"))
+
+
+LAYOUTS = ['{"a": 1, "b": [true, false]}', '{"a":1,"b":[true,false]}', '{ "a": 1, "b": [ true, false ] }',
+           '{"a": 1,\n"b": [true, false]}']
+
+
+@pytest.mark.parametrize("x_guidance, accepted", [
+    (None, {0}),  # the default: one line, json.dumps's separators
+    ({"item_separator": ",", "key_separator": ":"}, {1}),
+    ({"whitespace_flexible": True}, {0, 2}),  # spaces around tokens; the separators stay ", " and ": "
+])
+def test_json_layout_defaults_to_no_free_whitespace_and_a_schema_may_override_it(backend, tok, x_guidance, accepted):
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "boolean"}}},
+              "required": ["a", "b"], "additionalProperties": False}
+    if x_guidance:
+        schema["x-guidance"] = x_guidance
+    for i, text in enumerate(LAYOUTS):
+        g = grammar_of(backend, StructuredOutput("json_schema", json.dumps(schema)))
+        assert (g.sync(ids(tok, text)) and g.matcher.is_stopped()) == (i in accepted), (x_guidance, text)
+    g = grammar_of(backend, StructuredOutput("json_object", True))
+    assert not g.sync(ids(tok, '{ "k": 1}'))  # json_object too: no free whitespace
+    g = grammar_of(backend, StructuredOutput("json_object", True))
+    assert g.sync(ids(tok, '{"k": 1}')) and g.matcher.is_stopped()
