@@ -2,7 +2,8 @@
 against gRPC streaming, side by side in one run, on one router.
 
 One target and one router process (plain decoding: the transport, not speculation, is under
-test); the router serves gRPC and HTTP (--http-port). The same greedy requests (MT-bench first
+test; no prefix cache: a prompt's second run, over the other transport, would skip its prefill);
+the router serves gRPC and HTTP (--http-port). The same greedy requests (MT-bench first
 turns as token ids, --max-tokens each, eos ignored) go over each transport in turn, stream by
 stream at 1 stream and group by group at 8 concurrent streams, so that drift touches both
 alike; each client is a thread with the lightest client of its transport (grpcio's stub; httpx2
@@ -27,7 +28,8 @@ from tandem.v1 import generate_pb2 as pb
 from tandem.v1 import generate_pb2_grpc
 
 TRANSPORTS = ("grpc", "http")
-STREAMS_PER_CELL = 16  # at most (--questions fewer): streams per transport and concurrency
+STREAMS_PER_CELL = 16  # at 1 stream (--questions fewer): streams per transport
+GROUPS_PER_CELL = 4  # at 8 streams, at least: groups per transport, so that drift averages out
 
 
 class _Clients:
@@ -157,25 +159,26 @@ def run_http_bench(args) -> int:
     model = bench_model(args)
     streams = min(args.questions, STREAMS_PER_CELL)
     prompts = bench_prompts(args, AutoTokenizer.from_pretrained(model))
-    prompts = (prompts * streams)[:streams]  # --reduced has 4 prompts: repeated
+    cell_prompts = {c: (prompts * 64)[:max(streams, GROUPS_PER_CELL * c)] for c in (1, args.concurrency)}
     devices = Devices.from_args(args)
     http_port = free_port()
-    print(f"bench http: {streams} streams x {args.max_tokens} tokens per cell, {model}", flush=True)
-    with running_services(model, args.dtype, args.threads, extra_router=("--http-port", str(http_port)),
-                          devices=devices) as address:
+    print(f"bench http: {[len(p) for p in cell_prompts.values()]} streams x {args.max_tokens} tokens, {model}",
+          flush=True)
+    router = ("--http-port", str(http_port), "--prefix-cache-max-num-recycling-seqs", "0")
+    with running_services(model, args.dtype, args.threads, extra_router=router, devices=devices) as address:
         clients = _Clients(address, f"http://127.0.0.1:{http_port}", args.max_tokens)
         try:
             pid = _router_pid(int(address.rsplit(":", 1)[1]))
             clients.grpc(prompts[0]), clients.http_sse(prompts[0])  # warm both paths
             results = {}
             for c in (1, args.concurrency):
-                results[c] = _measure(clients, pid, prompts, c)
+                results[c] = _measure(clients, pid, cell_prompts[c], c)
                 print(f"  x{c}: {json.dumps(results[c])}", flush=True)
         finally:
             clients.close()
     report = {
         "mode": "http", "model": str(model), "dtype": args.dtype, "reduced": args.reduced,
-        "streams_per_cell": streams, "max_tokens": args.max_tokens, "router_cpu_measured": pid is not None,
+        "max_tokens": args.max_tokens, "router_cpu_measured": pid is not None,
         "cells": {f"x{c}": cells for c, cells in results.items()}, "summary": _summary(results),
         "devices": devices.record(with_draft=False), "machine": machine_facts(args.threads),
     }
