@@ -4,9 +4,11 @@ the HTTP API shares the gRPC API's validation, limits and error messages (router
 This module checks only what the protobuf message cannot hold: JSON types, integer ranges of its
 fields, and OpenAI fields that tandem has no equivalent for, each refused with a 400 naming the
 parameter. Ranges and limits (temperature >= 0, n <= --max-n, ...) are the shared validation's.
-vLLM's extra names (top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids) carry the
-sampling parameters OpenAI has no field for; `speculate` is tandem's own."""
+vLLM's extra names (top_k, min_p, repetition_penalty, ignore_eos, stop_token_ids; guided_json,
+guided_regex, guided_grammar, guided_choice) carry the parameters OpenAI has no field for;
+`speculate` is tandem's own."""
 
+import json
 from dataclasses import dataclass, field
 
 from router.http.errors import bad_request
@@ -52,6 +54,9 @@ class _Body:
 
     def take(self, name: str):
         return self._left.pop(name, None)
+
+    def given(self, name: str) -> bool:
+        return self._left.get(name) is not None
 
     def integer(self, name: str, bounds: tuple[int, int] = _UINT32) -> int | None:
         value = self.take(name)
@@ -103,7 +108,7 @@ def chat_request(body, request_id: str = "") -> OpenAIRequest:
     logprobs, top = b.boolean("logprobs"), b.integer("top_logprobs")
     if top and not logprobs:
         raise bad_request("top_logprobs", "top_logprobs requires logprobs: true")
-    _params(b, message.params, max_tokens)
+    _params(b, message.params, max_tokens, names)
     message.params.logprobs = bool(logprobs)
     message.params.top_logprobs = top or 0
     _no_tools(b)
@@ -116,7 +121,7 @@ def completion_request(body, request_id: str = "") -> OpenAIRequest:
     message = pb.GenerateRequest(request_id=request_id)
     _prompt(b.take("prompt"), message)
     names = _names(prompt="prompt", top_logprobs="logprobs")
-    _params(b, message.params, b.integer("max_tokens"))
+    _params(b, message.params, b.integer("max_tokens"), names)
     logprobs = b.integer("logprobs")
     if logprobs is not None:  # the chosen token's logprob and `logprobs` alternatives
         message.params.logprobs, message.params.top_logprobs = True, logprobs
@@ -134,8 +139,8 @@ def _names(**renamed: str) -> dict[str, str]:
     return names
 
 
-def _params(b: _Body, p: pb.SamplingParams, max_tokens: int | None) -> None:
-    """The sampling parameters both endpoints share."""
+def _params(b: _Body, p: pb.SamplingParams, max_tokens: int | None, names: dict[str, str]) -> None:
+    """The sampling parameters both endpoints share (and the name structured output came by)."""
     if max_tokens is not None:
         p.max_tokens = max_tokens
     for name in ("temperature", "top_p", "repetition_penalty"):  # optional in the message: set if sent
@@ -156,6 +161,7 @@ def _params(b: _Body, p: pb.SamplingParams, max_tokens: int | None) -> None:
         p.speculate = speculate
     for key, bias in _logit_bias(b.take("logit_bias")):
         p.logit_bias[key] = bias
+    names["structured_output"] = _structured(b, p.structured_output) or "response_format"
 
 
 def _finish(b: _Body, kind: str, message: pb.GenerateRequest, names: dict, logprobs: bool) -> OpenAIRequest:
@@ -175,15 +181,51 @@ def _finish(b: _Body, kind: str, message: pb.GenerateRequest, names: dict, logpr
     return OpenAIRequest(kind, message, model, stream, include_usage, logprobs, names)
 
 
+# vLLM's names for structured output: field -> StructuredOutput kind.
+_GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_grammar": "grammar",
+           "guided_choice": "choice"}
+
+
+def _structured(b: _Body, out: pb.StructuredOutput) -> str | None:
+    """OpenAI's response_format (json_object, json_schema) or one of vLLM's guided_* fields as
+    StructuredOutput (docs/structured-output.md); returns the field that set it."""
+    given = [name for name in ("response_format", *_GUIDED) if b.given(name)]
+    if len(given) > 1:
+        raise bad_request(given[1], f"{' and '.join(given)}: send one")
+    fmt = b.take("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        schema = (fmt.get("json_schema") or {}).get("schema") if kind == "json_schema" else None
+        if kind == "json_object":
+            out.json_object = True
+        elif kind == "json_schema" and isinstance(schema, dict):
+            out.json_schema = json.dumps(schema)
+        elif kind != "text":
+            raise bad_request("response_format", "response_format: type text, json_object, or json_schema with"
+                                                 " json_schema.schema an object")
+    for name, kind in _GUIDED.items():
+        value = b.take(name)
+        if value is None:
+            continue
+        if kind == "choice":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise bad_request(name, f"{name} must be an array of strings")
+            out.choice.values.extend(value)
+        elif kind == "json_schema" and isinstance(value, dict):
+            out.json_schema = json.dumps(value)
+        elif isinstance(value, str):
+            setattr(out, kind, value)
+        else:
+            raise bad_request(name, f"{name} must be a string" + (" or an object" if kind == "json_schema" else ""))
+    return given[0] if given else None
+
+
 def _no_tools(b: _Body) -> None:
     """Chat fields that are fine while they ask for nothing tandem lacks."""
     if b.take("tools") not in (None, []):
         raise bad_request("tools", "tools: tandem does not support tool calls")
     if b.take("tool_choice") not in (None, "none", "auto"):
         raise bad_request("tool_choice", "tool_choice: tandem does not support tool calls")
-    fmt = b.take("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise bad_request("response_format", "response_format: tandem supports plain text only")
     if b.take("modalities") not in (None, ["text"]):
         raise bad_request("modalities", "modalities: tandem answers in text only")
     if b.take("store"):

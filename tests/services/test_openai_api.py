@@ -156,6 +156,23 @@ def test_vllm_sampling_extras_are_accepted(client, services):
     assert reply.usage.completion_tokens == 4
 
 
+def test_structured_output_by_response_format_and_vllms_names(client, services):
+    """OpenAI's response_format and vLLM's guided_* carry tandem's structured output: even the
+    tiny random model's text keeps to the grammar (docs/structured-output.md)."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    reply = _chat(client, services, max_tokens=16, temperature=0,
+                  response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    assert reply.choices[0].finish_reason == "stop" and json.loads(reply.choices[0].message.content) in (
+        {"ok": True}, {"ok": False})
+    choice = client.completions.create(model=services.model_name, prompt=TINY_PROMPTS[0], max_tokens=8,
+                                       temperature=1.0, extra_body={"guided_choice": ["yes", "no"]})
+    assert choice.choices[0].text in ("yes", "no")
+    whole = _chat(client, services, max_tokens=32, temperature=0, response_format={"type": "json_object"})
+    if whole.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(whole.choices[0].message.content), dict)
+
+
 def test_raw_server_sent_events(services):
     """The wire format itself: `data: <json>` events, a blank line after each, `data: [DONE]`."""
     body = {"model": services.model_name, "messages": CHAT, "max_tokens": 4, "temperature": 0, "ignore_eos": True,

@@ -69,7 +69,9 @@ CHAT_400 = [
     ("logit_bias", {"logit_bias": {"99999999": 1.0}}),
     ("seed", {"seed": -1}),
     ("tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
-    ("response_format", {"response_format": {"type": "json_object"}}),
+    ("response_format", {"response_format": {"type": "xml"}}),
+    ("response_format", {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}}),  # does not compile
     ("stream_options", {"stream_options": {"include_usage": True}}),  # without stream
     ("frobnicate", {"extra_body": {"frobnicate": 1}}),
     ("repetition_penalty", {"extra_body": {"repetition_penalty": 0}}),

@@ -85,6 +85,28 @@ def test_a_bad_completion_body_names_its_parameter(body, param):
     assert info.value.param == param
 
 
+def test_structured_output_from_response_format_or_vllms_names():
+    schema = {"type": "object"}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    req = chat_request({"messages": MESSAGES, "response_format": fmt})
+    assert req.message.params.structured_output.json_schema == '{"type": "object"}'
+    assert req.names["structured_output"] == "response_format"
+    assert chat_request({"messages": MESSAGES, "response_format": {"type": "json_object"}}
+                        ).message.params.structured_output.json_object
+    assert not chat_request({"messages": MESSAGES, "response_format": {"type": "text"}}
+                            ).message.params.HasField("structured_output")
+    req = completion_request({"prompt": "x", "guided_choice": ["a", "b"]})
+    assert list(req.message.params.structured_output.choice.values) == ["a", "b"]
+    assert req.names["structured_output"] == "guided_choice"
+    assert completion_request({"prompt": "x", "guided_json": schema}).message.params.structured_output.json_schema
+    assert completion_request({"prompt": "x", "guided_regex": "a+"}).message.params.structured_output.regex == "a+"
+    for body, param in (({"guided_regex": "a", "guided_choice": ["b"]}, "guided_choice"),
+                        ({"guided_choice": "b"}, "guided_choice"), ({"response_format": {"type": "xml"}}, "response_format")):
+        with pytest.raises(HttpError) as info:
+            completion_request({"prompt": "x", **body})
+        assert info.value.param == param
+
+
 def test_null_fields_are_absent():
     assert chat_request({"messages": MESSAGES, "tools": None, "frobnicate": None, "stop": None}).message.params.stop == []
 
@@ -95,6 +117,7 @@ NAMES = completion_request({"prompt": "x"}).names
 @pytest.mark.parametrize("error, status, param, code", [
     (InvalidArgument("params.temperature = -1.0: must be finite and >= 0"), 400, "temperature", None),
     (InvalidArgument("params.top_logprobs = 30: at most 20 (max_top_logprobs)"), 400, "logprobs", None),
+    (InvalidArgument("params.structured_output.regex: unclosed group"), 400, "response_format", None),
     (InvalidArgument("prompt has 600 tokens; the context holds 512 (prompt + at least 1)"), 400, "prompt",
      "context_length_exceeded"),
     (InvalidArgument("token_ids[3] = -1: outside the vocabulary [0, 256)"), 400, "prompt", None),
