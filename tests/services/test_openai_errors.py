@@ -171,3 +171,36 @@ def test_503_while_the_target_is_down_and_while_draining(tiny_model):
             assert httpx2.get(health, timeout=10).status_code == 503
     finally:
         s.stop()
+
+
+class _Health:
+    """The gRPC health servicer's part drain() uses (the harness keeps no handle on it)."""
+
+    async def enter_graceful_shutdown(self):
+        pass
+
+
+def test_a_drain_ends_a_live_stream_cancelled_then_closes_the_port(tiny_model):
+    """SIGTERM's drain(): new requests 503 while the running one has the grace period; past it,
+    the stream ends with a "cancelled" chunk and [DONE], not a broken connection."""
+    import asyncio
+
+    from router.server import drain
+
+    s = http_services(tiny_model)
+    try:
+        with openai_client(s) as client:
+            stream = client.chat.completions.create(model=s.model_name, messages=CHAT, max_tokens=400, stream=True,
+                                                    **GREEDY)
+            next(iter(stream))
+            drained = asyncio.run_coroutine_threadsafe(drain(s.router_server, s.router_engine, _Health(), 1.5), s.loop)
+            time.sleep(0.2)
+            error = _refused(lambda: client.chat.completions.create(model=s.model_name, messages=CHAT, max_tokens=4))
+            assert error.status_code == 503
+            reasons = [c.choices[0].finish_reason for c in stream if c.choices]
+            assert reasons[-1] == "cancelled"
+            drained.result(timeout=30)
+        with pytest.raises(httpx2.ConnectError):
+            httpx2.get(s.base_url.removesuffix("/v1") + "/health", timeout=5)
+    finally:
+        s.stop()
