@@ -28,5 +28,5 @@ COPY heads ./heads
 # Model weights live in a volume (compose's `models` service fills it with `tandem models fetch`).
 ENV TANDEM_HOME=/models
 VOLUME ["/models"]
-EXPOSE 50051 50052 50053 9400 9401 9402
+EXPOSE 50051 50052 50053 8000 9400 9401 9402
 CMD ["tandem", "--help"]

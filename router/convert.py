@@ -1,5 +1,6 @@
 """The router's conversions between the public protobuf API and its domain types, with the
-validation that names the offending field. The only router module that imports generate_pb2."""
+validation that names the offending field. The engine never sees protobuf: the adapters
+(router/servicer.py, router/stream.py, router/http/) convert through here."""
 
 import uuid
 

@@ -137,6 +137,11 @@ class RouterEngine:
         self._closing = True
 
     @property
+    def draining(self) -> bool:
+        """The router is going away: new requests are refused (UNAVAILABLE)."""
+        return self._closing
+
+    @property
     def live_requests(self) -> int:
         return len(self._requests)
 

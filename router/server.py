@@ -104,8 +104,6 @@ async def drain(server: PublicServers, engine: RouterEngine, health, grace_s: fl
     the servers and the engine stop."""
     log.info("router: draining (up to %.0f s for %d live requests)", grace_s, engine.live_requests)
     await health.enter_graceful_shutdown()
-    if server.http is not None:
-        server.http.begin_drain()
     engine.begin_drain()
     if not await engine.drained(max(grace_s - CANCEL_MARGIN_S, 0)):
         log.warning("router: the grace period ended with requests live; they end cancelled")

@@ -24,12 +24,11 @@ _BEARER = "bearer "
 
 
 class HttpApi:
-    """One router's HTTP server: start(), begin_drain() (health 503; new requests are refused
-    503 by the engine), stop()."""
+    """One router's HTTP server: start(), stop(). While the engine drains, /health answers 503
+    and the engine refuses new requests (503)."""
 
     def __init__(self, engine, api_keys: ApiKeys | None, model_name: str):
         self.engine, self.api_keys, self.model_name = engine, api_keys, model_name
-        self.draining = False
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -54,9 +53,6 @@ class HttpApi:
         await site.start()
         self.port = self._runner.addresses[0][1]
         return self.port
-
-    def begin_drain(self) -> None:
-        self.draining = True
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -113,7 +109,7 @@ class HttpApi:
 
     async def _health(self, request: web.Request) -> web.Response:
         """200 while the router can serve (its target up, serving its model, not draining)."""
-        if self.draining:
+        if self.engine.draining:
             return web.json_response({"status": "draining"}, status=503)
         if not self.engine.serving:
             return web.json_response({"status": "not serving"}, status=503)

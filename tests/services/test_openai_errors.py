@@ -163,7 +163,6 @@ def test_503_while_the_target_is_down_and_while_draining(tiny_model):
             error = _refused(lambda: client.chat.completions.create(model=s.model_name, messages=CHAT, max_tokens=4),
                              openai.InternalServerError)
             assert error.status_code == 503 and error.body["type"] == "server_error"
-            s.loop.call_soon_threadsafe(s.router_server.http.begin_drain)
             s.loop.call_soon_threadsafe(s.router_engine.begin_drain)
             deadline = time.monotonic() + 10
             while httpx2.get(health, timeout=10).json() != {"status": "draining"} and time.monotonic() < deadline:

@@ -194,7 +194,7 @@ def test_up_passes_every_router_flag_through(monkeypatch, tmp_path):
     keys.write_text("sk-1\n")
     given = {"--max-waiting": "7", "--max-running-requests": "3", "--max-concurrent-rpcs": "40",
              "--shutdown-grace-s": "5.0", "--api-key-file": str(keys), "--max-prompt-bytes": "1000",
-             "--max-n": "4", "--min-ping-interval-s": "2.0"}
+             "--max-n": "4", "--min-ping-interval-s": "2.0", "--served-model-name": "smollm2", "--http-port": "8123"}
     _, router, _ = service_args(_up("--draft", "none", *[x for kv in given.items() for x in kv], monkeypatch=monkeypatch),
                                 Path("/m"))
     for option, _ in router_flag_options():
@@ -205,6 +205,7 @@ def test_up_passes_every_router_flag_through(monkeypatch, tmp_path):
     assert (config.max_waiting, config.max_running_requests, config.max_concurrent_rpcs) == (7, 3, 40)
     assert config.api_key_file == keys and config.shutdown_grace_s == 5.0
     assert (config.request_limits.max_prompt_bytes, config.request_limits.max_n) == (1000, 4)
+    assert (config.served_model_name, config.http_port) == ("smollm2", 8123)
 
 
 def test_up_tls_dir_gives_each_service_its_identity(monkeypatch, tmp_path):
