@@ -54,6 +54,10 @@ class DraftConfig:
     head_quant: str = "none"
     # Medusa trees: a preset name of tandem.spec.token_tree or a JSON list of rank tuples.
     medusa_choices: str = ""
+    # Structured output: a constrained sequence drafts from its grammar (masked proposals, forced
+    # tokens free; docs/structured-output.md). False: unconstrained drafts (the target still
+    # verifies on the masked distribution: lossless either way, it only accepts less).
+    constrained_drafts: bool = True
     # On a CUDA device, small steps replay captured CUDA graphs (tandem.models.cuda_graphs).
     cuda_graphs: bool = True
     # Prometheus /metrics over HTTP on this port, on `host` (0: off).

@@ -38,9 +38,10 @@ import torch
 from torch import Tensor
 
 from tandem.kv.batching import TreeInput
-from tandem.sampling.sampler import draw_without_replacement, probabilities, process_logits, wire_proposal
+from tandem.sampling.sampler import PROPOSAL_WIRE_DTYPE, draw_without_replacement, probabilities, process_logits, wire_proposal
 from tandem.sampling.state import SamplingState
-from tandem.spec.token_tree import DynamicTree, grow_dynamic_tree
+from tandem.spec.token_tree import DynamicTree, TokenTree, grow_dynamic_tree
+from tandem.structured.drafting import DraftWalk, first_allowed, masked, point_mass
 
 # forward(items, trees): items are (seq_id, tokens [n], features [n, D]); appends them to the
 # KV as speculative positions and returns each item's predicted features, [n, D].
@@ -114,14 +115,35 @@ def grow_trees(
     *,
     top_k: int,
     node_budget: int,
+    walks: dict[int, DraftWalk] | None = None,
 ) -> dict[int, DraftTree]:
     """One EAGLE-2 tree per sequence (seq_id -> tree); states hold the proposal params and, for
-    sampled requests, the generators the children are drawn with."""
-    growths = {s: _Growth.start(r, not states[s].params.greedy) for s, r in roots.items()}
+    sampled requests, the generators the children are drawn with. walks: the constrained
+    sequences' grammars (see the module doc of tandem.structured.drafting): each node's children
+    come from the masked distribution of its path, and a root whose grammar forces tokens gets
+    them as its tree, a chain grown with no head step."""
+    walks = walks or {}
+    trees = {s: _forced_tree(roots[s], walks[s], node_budget) for s in roots if s in walks}
+    trees = {s: t for s, t in trees.items() if t is not None}
+    growths = {s: _Growth.start(r, not states[s].params.greedy) for s, r in roots.items() if s not in trees}
     while frontiers := _next_frontiers(growths, top_k, node_budget):
         _append(growths, frontiers, forward)
-        _answer(growths, frontiers, head, states, top_k)
-    return {s: DraftTree(g.tree, g.draft_probs()) for s, g in growths.items()}
+        _answer(growths, frontiers, head, states, top_k, walks)
+    return {**trees, **{s: DraftTree(g.tree, g.draft_probs()) for s, g in growths.items()}}
+
+
+def _forced_tree(root: TreeRoot, walk: DraftWalk, node_budget: int) -> DraftTree | None:
+    """The chain of tokens the grammar forces after the root (the root alone when it is stopped:
+    only EOS may follow); None when nothing is forced. Its nodes are verified as deterministic
+    children (no proposals): a point mass each, exact."""
+    if walk.stopped:
+        run = []
+    elif not (run := walk.forced(min(root.depth, node_budget))):
+        return None
+    n = len(run) + 1
+    tree = TokenTree(parents=tuple(range(-1, n - 1)), tokens=(root.token, *run))
+    grown = DynamicTree(tree=tree, dist_rows=(*[-1] * n,), candidate_ids=tuple(range(n)), scores=(0.0,) * n)
+    return DraftTree(grown, None)
 
 
 def _next_frontiers(growths: dict[int, _Growth], top_k: int, node_budget: int) -> dict[int, tuple[int, ...]]:
@@ -189,7 +211,7 @@ def _lineage(g: _Growth, c: int) -> set[int]:
     return nodes
 
 
-def _answer(growths, frontiers, head, states, top_k: int) -> None:
+def _answer(growths, frontiers, head, states, top_k: int, walks: dict[int, DraftWalk]) -> None:
     """Scores every frontier node's children in one lm_head call; records them as candidates.
     Greedy rows of raw logits (no logit bias) rank the draft vocabulary's scores as they come:
     their log-softmax is the whole row's, whose other tokens are at -inf. The others are widened
@@ -197,17 +219,54 @@ def _answer(growths, frontiers, head, states, top_k: int) -> None:
     rows = [(s, c) for s, frontier in frontiers.items() for c in frontier]
     features = torch.stack([growths[s].features[c] for s, c in rows])
     scores = head.scores(features)
-    ranked = [i for i, (s, _) in enumerate(rows) if not growths[s].sampled and _raw(states[s])]
-    children = dict(zip(ranked, _top_children(scores[ranked], top_k, head.vocab_ids))) if ranked else {}
+    allowed = {i: _allowed(growths[s], c, walks[s]) for i, (s, c) in enumerate(rows) if s in walks}
+    if allowed:
+        scores = masked(scores, _mask_rows(allowed, scores.shape[0], head.vocab_size, head.vocab_ids))
+    empty = {i for i in allowed if not bool(torch.isfinite(scores[i]).any())}
+    children = {i: _fallback_child(growths[rows[i][0]], allowed[i]) for i in empty}
+    ranked = [i for i, (s, _) in enumerate(rows) if not growths[s].sampled and _raw(states[s]) and i not in empty]
+    if ranked:
+        children.update(zip(ranked, _top_children(scores[ranked], top_k, head.vocab_ids)))
     widened = [i for i in range(len(rows)) if i not in children]
     if widened:
-        children.update(_widened_children(growths, rows, widened, head.widen(scores[widened]), states, top_k))
+        logits = head.widen(scores[widened])
+        if allowed:
+            logits = masked(logits, _mask_rows(allowed, len(rows), head.vocab_size)[widened])
+        children.update(_widened_children(growths, rows, widened, logits, states, top_k))
     answers = {s: [] for s in frontiers}
     for i, (s, c) in enumerate(rows):
         _add_children(growths[s], c, children[i][0].tolist())
         answers[s].append(children[i])
     for s, answer in answers.items():
         growths[s].answers.append(answer)
+
+
+def _allowed(g: _Growth, c: int, walk: DraftWalk) -> Tensor:
+    """[V] bool: what the grammar allows after candidate c's path."""
+    path = []
+    while c > 0:
+        path.append(g.tokens[c])
+        c = g.parents[c]
+    walk.to(path[::-1])
+    return walk.allowed()
+
+
+def _mask_rows(allowed: dict[int, Tensor], num_rows: int, vocab_size: int, vocab_ids: Tensor | None = None) -> Tensor:
+    """[num_rows, V] bool (or [num_rows, V'] over a draft vocabulary): row i `allowed[i]`, all
+    allowed for an unconstrained row."""
+    rows = torch.ones(num_rows, vocab_size, dtype=torch.bool)
+    for i, row in allowed.items():
+        rows[i] = row
+    return rows if vocab_ids is None else rows[:, vocab_ids.cpu()]
+
+
+def _fallback_child(g: _Growth, allowed: Tensor) -> tuple[Tensor, Tensor]:
+    """A node whose draft vocabulary holds no allowed token still needs a child: the lowest
+    allowed token, scored -inf (kept only if the budget has room), a point mass if sampled."""
+    token = first_allowed(allowed)
+    if g.sampled:  # its expansion row, in frontier order
+        g.proposals.append(point_mass(token, allowed.shape[0], PROPOSAL_WIRE_DTYPE))
+    return torch.tensor([token]), torch.tensor([float("-inf")])
 
 
 def _raw(state: SamplingState) -> bool:

@@ -22,7 +22,8 @@ from opentelemetry.trace import INVALID_SPAN, Span
 
 from draft_service.config import DraftConfig
 from draft_service.eagle_tree import TreeRoot, grow_trees
-from draft_service.proposal import proposal_sampler
+from draft_service.grammars import DraftGrammars
+from draft_service.proposal import propose, proposal_sampler
 from draft_service.peer_client import DraftPeer, wait_for_hidden_states
 from tandem.errors import InvalidArgument, NotFound
 from tandem.figures import EngineFigures
@@ -32,8 +33,9 @@ from tandem.models.cuda_graphs import GraphedForward
 from tandem.ops import AddSequence, DraftRequest, DraftResult, EngineStats, ForkSequence, PopTokens, RemoveSequence
 from tandem.peer import DraftProbs, HiddenPairs
 from tandem.router_streams import RouterStreams
-from tandem.sampling.sampler import draw, probabilities, process_logits, wire_proposal
+from tandem.sampling.sampler import PROPOSAL_WIRE_DTYPE
 from tandem.sampling.state import SamplingState
+from tandem.structured.drafting import point_mass
 from tandem.telemetry.tracing import Tracing, ending, span_continuing
 
 
@@ -66,6 +68,8 @@ class DraftEngine:
         if self.device.type == "cuda" and config.cuda_graphs:
             self._head_forward = GraphedForward(self._head_forward)
         self._seqs: dict[int, _Seq] = {}
+        # Structured output: each constrained sequence's matcher, brought to its output per call.
+        self.grammars = DraftGrammars(config.target_model_dir, head.config.vocab_size, config.constrained_drafts)
         self._reserved = 0  # pages promised to sequences earlier in this Draft call
         self._lock = threading.Lock()
         # A router's Drafts stream read through it drops every sequence at its end.
@@ -89,6 +93,7 @@ class DraftEngine:
     def _drop_sequences(self) -> None:
         self.allocator.clear()
         self._seqs.clear()
+        self.grammars.clear()
         self.peer.clear()
 
     def draft(self, request: DraftRequest, span: Span = INVALID_SPAN) -> DraftResult:
@@ -115,6 +120,7 @@ class DraftEngine:
             seq = self._new_seq(op.sampler)
             self.allocator.add(op.seq_id)
             self._seqs[op.seq_id] = seq
+            self.grammars.added(op.seq_id, op.sampler, op.num_prompt_tokens)
         elif isinstance(op, ForkSequence):
             self._fork(op)
         elif isinstance(op, PopTokens):
@@ -122,6 +128,7 @@ class DraftEngine:
         elif isinstance(op, RemoveSequence):
             self.allocator.remove(op.seq_id)
             del self._seqs[op.seq_id]
+            self.grammars.removed(op.seq_id)
             self.peer.drop(op.seq_id)
         else:
             raise InvalidArgument(f"draft: unknown sequence op {op!r}")
@@ -134,13 +141,16 @@ class DraftEngine:
         draft never got) finds its pairs out of reach and gets no drafts, which is lossless."""
         seq = self._new_seq(op.sampler)
         self._settle(op.parent_id)
-        self.allocator.fork(op.seq_id, op.parent_id, min(op.position, self.allocator.length(op.parent_id)))
+        position = min(op.position, self.allocator.length(op.parent_id))
+        self.allocator.fork(op.seq_id, op.parent_id, position)
         self._seqs[op.seq_id] = seq
+        self.grammars.forked(op.seq_id, op.parent_id, position, op.sampler, op.num_prompt_tokens)
 
     def _pop(self, op: PopTokens) -> None:
         seq = self._settle(op.seq_id)
         count = min(op.count, self.allocator.length(op.seq_id))
         self.allocator.pop(op.seq_id, count)
+        self.grammars.truncated(op.seq_id, self.allocator.length(op.seq_id))
         if count:
             seq.settled = None
 
@@ -161,6 +171,7 @@ class DraftEngine:
         pairs = _contiguous(new, length)
         fits = pairs is not None and length + len(pairs[0]) <= self.max_positions
         if fits and self.allocator.pages_needed(seq_id, len(pairs[0])) <= self.allocator.num_free_pages:
+            self.grammars.absorbed(seq_id, length, pairs[0])
             seq.settled = (pairs[0][-1], self._forward([(seq_id, pairs[0], pairs[1])])[0])
         return seq
 
@@ -190,6 +201,8 @@ class DraftEngine:
                 if pairs is not None:
                     ready[s.seq_id] = pairs
         start = {}  # seq_id -> (pending token, predicted feature [D]) of its last real pair
+        for s, (pair_tokens, _) in ready.items():
+            self.grammars.absorbed(s, self.allocator.length(s), pair_tokens)
         if ready:
             with ending(self._prefill_span(request.after_target_step, span, ready)):
                 features = self._forward([(s, *ready[s]) for s in ready])
@@ -242,28 +255,45 @@ class DraftEngine:
         node."""
         roots = {s: TreeRoot(t, f, self.allocator.length(s) - 1, k[s]) for s, (t, f) in start.items()}
         states = {s: self._seqs[s].sampler for s in start}
-        grown = grow_trees(roots, self.head, states, self._forward_nodes,
-                           top_k=self.config.tree_top_k, node_budget=self.config.tree_node_budget)
+        walks = {s: w for s in start if (w := self.grammars.walk(s)) is not None}
+        grown = grow_trees(roots, self.head, states, self._forward_nodes, top_k=self.config.tree_top_k,
+                           node_budget=self.config.tree_node_budget, walks=walks)
+        for walk in walks.values():
+            walk.close()
         sampled = {s: t.probs for s, t in grown.items() if t.probs is not None}
         if sampled:
             self.peer.send_probs(DraftProbs(draft_step_id, sampled))
         return {s: t.grown.tree for s, t in grown.items()}, frozenset(sampled)
 
     def _chains(self, start: dict, k: dict[int, int], draft_step_id: int) -> dict[int, tuple[int, ...]]:
-        """start: seq_id -> the predicted feature [D] of its last real pair."""
+        """start: seq_id -> the predicted feature [D] of its last real pair. A constrained
+        sequence proposes from its masked distribution; where its grammar forces tokens it
+        proposes them free (no head step) and its chain ends there: the head's input after them
+        comes with the target's next pairs."""
         seq_ids = list(start)
-        features = torch.stack([start[s] for s in seq_ids])
-        drafts = {s: [] for s in seq_ids}
-        probs = {s: [] for s in seq_ids}
-        active = seq_ids
+        walks = {s: w for s in seq_ids if (w := self.grammars.walk(s)) is not None}
+        drafts: dict[int, list[int]] = {s: [] for s in seq_ids}
+        probs: dict[int, list[torch.Tensor]] = {s: [] for s in seq_ids}
+        active = [s for s in seq_ids if s not in walks or not walks[s].stopped]
+        features = torch.stack([start[s] for s in active]) if active else None
         while active:
+            ended = {s for s in active if self._forced(s, walks.get(s), k[s], drafts[s], probs[s])}
+            rows = [i for i, s in enumerate(active) if s not in ended]
+            if not rows:
+                break
+            active, features = [active[i] for i in rows], features[rows]
             logits = self.head.logits(features)
             for row, s in enumerate(active):
-                token, q = self._propose(s, logits[row])
+                token, q = propose(self._seqs[s].sampler, logits[row], walks.get(s))
+                if token is None:  # the draft vocabulary holds no allowed token
+                    ended.add(s)
+                    continue
                 drafts[s].append(token)
                 if q is not None:
                     probs[s].append(q)
-            keep = [i for i, s in enumerate(active) if len(drafts[s]) < k[s]]
+                if s in walks and (not walks[s].push(token) or walks[s].stopped):
+                    ended.add(s)
+            keep = [i for i, s in enumerate(active) if len(drafts[s]) < k[s] and s not in ended]
             if not keep:
                 break
             active = [active[i] for i in keep]
@@ -271,10 +301,21 @@ class DraftEngine:
             for s in active:
                 self._seqs[s].speculative += 1
             features = self._forward(feeds)
+        for walk in walks.values():
+            walk.close()
         sampled = {s: torch.stack(p) for s, p in probs.items() if p}
         if sampled:
             self.peer.send_probs(DraftProbs(draft_step_id, sampled))
         return {s: tuple(d) for s, d in drafts.items()}
+
+    def _forced(self, seq_id: int, walk, k: int, drafts: list[int], probs: list) -> bool:
+        """Appends the tokens the grammar forces at this point of the chain (a point mass each
+        for a sampled request); True when there were some: the chain ends with them."""
+        run = walk.forced(k - len(drafts)) if walk is not None else []
+        drafts.extend(run)
+        if run and not self._seqs[seq_id].sampler.params.greedy:
+            probs.extend(point_mass(t, self.head.config.vocab_size, PROPOSAL_WIRE_DTYPE, self.device) for t in run)
+        return bool(run)
 
     def _forward(self, items) -> torch.Tensor:
         """items: (seq_id, tokens, features [n, F]: the target's, F the head's feature_width, or
@@ -301,14 +342,6 @@ class DraftEngine:
         out = self._head_forward(batch, batch.input_ids, feats)
         self._tokens_run += len(feats)
         return out, first_rows
-
-    def _propose(self, seq_id: int, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-        state = self._seqs[seq_id].sampler
-        processed = process_logits(logits[None], [state])
-        if state.params.greedy:
-            return int(processed[0].argmax()), None
-        q = wire_proposal(probabilities(processed, [state]))  # what the target verifies with
-        return int(draw(q, [state.generator])[0]), q[0]
 
 
 def _contiguous(pairs: list[HiddenPairs], length: int):

@@ -21,6 +21,7 @@ import torch
 from opentelemetry.trace import INVALID_SPAN, Span
 
 from draft_service.config import DraftConfig
+from draft_service.grammars import DraftGrammars
 from draft_service.proposal import proposal_sampler
 from draft_service.peer_client import wait_for_hidden_states
 from tandem.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -31,7 +32,8 @@ from tandem.router_streams import RouterStreams
 from tandem.sampling.sampler import process_logits
 from tandem.sampling.state import SamplingState
 from tandem.spec import token_tree
-from tandem.spec.token_tree import Choice, chain_choices, from_medusa_choices, sorted_choices
+from tandem.spec.token_tree import Choice, TokenTree, chain_choices, from_medusa_choices, sorted_choices
+from tandem.structured.drafting import DraftWalk, masked
 
 
 @dataclass(slots=True)
@@ -55,6 +57,8 @@ class MedusaDraftEngine:
             raise InvalidArgument(f"medusa_choices use rank {self.topk - 1}, beyond the draft vocabulary of {head.draft_vocab_size}")
         self._pruned: dict[int, tuple[Choice, ...]] = {}  # depth -> choices no deeper
         self._seqs: dict[int, _Seq] = {}
+        # Structured output: a constrained sequence's heads rank only what its grammar allows.
+        self.grammars = DraftGrammars(config.target_model_dir, head.config.vocab_size, config.constrained_drafts)
         self._lock = threading.Lock()
         # A router's Drafts stream read through it drops every sequence at its end.
         self.router_streams = RouterStreams(self._lock, self._drop_sequences, "draft")
@@ -81,6 +85,7 @@ class MedusaDraftEngine:
 
     def _drop_sequences(self) -> None:
         self._seqs.clear()
+        self.grammars.clear()
         self.peer.clear()
 
     def draft(self, request: DraftRequest, span: Span = INVALID_SPAN) -> DraftResult:
@@ -103,18 +108,22 @@ class MedusaDraftEngine:
     def _apply(self, op) -> None:
         if isinstance(op, AddSequence):
             self._add(op.seq_id, self._new_seq(op.sampler))
+            self.grammars.added(op.seq_id, op.sampler, op.num_prompt_tokens)
         elif isinstance(op, ForkSequence):
             seq = self._new_seq(op.sampler)
             self._settle(op.parent_id)  # its buffered pairs precede the fork
             self._add(op.seq_id, seq)  # no pair of its own: it drafts once the target streams one
+            self.grammars.forked(op.seq_id, op.parent_id, op.position, op.sampler, op.num_prompt_tokens)
         elif isinstance(op, PopTokens):
             seq = self._settle(op.seq_id)
+            self.grammars.popped(op.seq_id, op.count)
             if op.count > 0:  # the last pair's position is gone
                 seq.hidden, seq.fresh = None, False
         elif isinstance(op, RemoveSequence):
             if op.seq_id not in self._seqs:
                 raise NotFound(f"draft: unknown sequence {op.seq_id}")
             del self._seqs[op.seq_id]
+            self.grammars.removed(op.seq_id)
             self.peer.drop(op.seq_id)
         else:
             raise InvalidArgument(f"draft: unknown sequence op {op!r}")
@@ -134,6 +143,7 @@ class MedusaDraftEngine:
         if seq is None:
             raise NotFound(f"draft: unknown sequence {seq_id}")
         for pairs in self.peer.take(seq_id):  # in step order
+            self.grammars.absorbed(seq_id, pairs.start, pairs.tokens)
             if pairs.tokens:
                 seq.hidden, seq.token, seq.fresh = pairs.hidden[-1].clone(), int(pairs.tokens[-1]), True
         return seq
@@ -157,28 +167,64 @@ class MedusaDraftEngine:
         states = [self._seqs[s.seq_id].sampler for s in ready]
         depths = [min(s.num_tokens, self.head.num_heads) for s in ready]
         heads = max(len(c) for c in self._within(max(depths)))  # the deepest tree's
-        top = self._top_tokens(torch.stack([self._seqs[s.seq_id].hidden for s in ready]), states, heads)
+        logits, top = self._top_tokens(torch.stack([self._seqs[s.seq_id].hidden for s in ready]), states, heads)
         for row, (s, depth) in enumerate(zip(ready, depths)):
-            tree = from_medusa_choices(self._within(depth), top[row], root_token=self._seqs[s.seq_id].token)
+            root = self._seqs[s.seq_id].token
+            if (walk := self.grammars.walk(s.seq_id)) is not None:
+                tree = constrained_tree(self._within(depth), logits[row], root, walk, self.topk)
+                walk.close()
+            else:
+                tree = from_medusa_choices(self._within(depth), top[row], root_token=root)
             tokens[s.seq_id], parents[s.seq_id] = tree.tokens[1:], tree.parents[1:]
         return tokens, parents
 
-    def _top_tokens(self, hidden: torch.Tensor, states: list[SamplingState], heads: int) -> list:
-        """hidden [S, D] -> the top-k token ids of every sequence and of the first `heads` heads
-        after the request's logit bias, as nested lists [S][heads][K], most likely first."""
+    def _top_tokens(self, hidden: torch.Tensor, states: list[SamplingState], heads: int) -> tuple[torch.Tensor, list]:
+        """hidden [S, D] -> (the first `heads` heads' logits after the request's logit bias
+        [S, heads, V], their top-k token ids as nested lists [S][heads][K], most likely first)."""
         logits = self.head.logits(hidden, heads)  # [S, heads, V]
         self._tokens_run += hidden.shape[0]
         if any(state.params.logit_bias for state in states):
             heads = logits.shape[1]
             rows = [state for state in states for _ in range(heads)]
             logits = process_logits(logits.flatten(0, 1), rows).view(logits.shape)
-        return logits.topk(self.topk, dim=-1).indices.tolist()
+        return logits, logits.topk(self.topk, dim=-1).indices.tolist()
 
     def _within(self, depth: int) -> tuple[Choice, ...]:
         """The choices no deeper than `depth` (closed under parents, as the choices are)."""
         if depth not in self._pruned:
             self._pruned[depth] = tuple(c for c in self.choices if len(c) <= depth)
         return self._pruned[depth]
+
+
+def constrained_tree(choices: tuple[Choice, ...], logits: torch.Tensor, root: int, walk: DraftWalk, topk: int) -> TokenTree:
+    """A constrained sequence's tree: the tokens its grammar forces after the root as a chain
+    (no heads read), else the choices' tree whose depth-d choice ending in rank r takes the r-th
+    most likely token of head d - 1 among those the grammar allows after the choice's parent
+    path; choices beyond what the grammar allows are dropped with their subtrees.
+    logits: [heads, V] of this sequence; choices in Medusa's order (parents first)."""
+    if walk.stopped:  # only EOS may follow
+        return TokenTree(parents=(-1,), tokens=(root,))
+    if run := walk.forced(min(max(len(c) for c in choices), len(choices))):
+        return TokenTree(parents=tuple(range(-1, len(run))), tokens=(root, *run))
+    node_of: dict[Choice, int] = {(): 0}
+    path: dict[Choice, list[int]] = {(): []}
+    ranked: dict[Choice, list[int]] = {}  # parent choice -> its allowed tokens, most likely first
+    parents, tokens = [-1], [root]
+    for c in choices:
+        parent = c[:-1]
+        if parent not in node_of:
+            continue
+        if parent not in ranked:
+            walk.to(path[parent])
+            row = masked(logits[len(c) - 1], walk.allowed())
+            best = row.topk(min(topk, row.shape[0]))
+            ranked[parent] = best.indices[torch.isfinite(best.values)].tolist()
+        if c[-1] >= len(ranked[parent]):
+            continue
+        node_of[c], path[c] = len(tokens), path[parent] + [ranked[parent][c[-1]]]
+        parents.append(node_of[parent])
+        tokens.append(path[c][-1])
+    return TokenTree(parents=tuple(parents), tokens=tuple(tokens))
 
 
 def medusa_choices(config: DraftConfig, num_heads: int) -> tuple[Choice, ...]:

@@ -148,6 +148,7 @@ def draft_config(args, model: Path):
         lm_head_quant=lm_head_quant(args.draft_lm_head_quant, args.device),
         head_quant=head_quant(args.draft_head_quant, args.device, args.method),
         medusa_choices=args.medusa_choices,
+        constrained_drafts=not args.no_constrained_drafts,
         model_dir=Path(args.draft_model),
         target_model_dir=model,
         target_address=args.target,
@@ -275,6 +276,9 @@ def _draft_parser(sub) -> None:
     p.add_argument("--draft-model", default=_env("draft_model", None),
                    help="draft head checkpoint folder (--method eagle: an EAGLE-1/2 or EAGLE-3 head, told apart by its files)")
     p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"), help="target, for the peer stream")
+    p.add_argument("--no-constrained-drafts", action="store_true", default=_env_flag("no_constrained_drafts"),
+                   help="structured output: draft unconstrained (the default drafts from the grammar: masked"
+                        " proposals, forced tokens free); the target's masks keep the output exact either way")
     p.add_argument("--host", default=_env("draft_host", "0.0.0.0"), help="address to listen on")
     p.add_argument("--port", type=int, default=_env("draft_port", 50053), help="gRPC port")
     _add_metrics_flag(p, 9402)

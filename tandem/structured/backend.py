@@ -32,6 +32,13 @@ class Matcher(Protocol):
         """Write the allowed next tokens as int32 words at `address` (ceil(vocab / 32) words)."""
 
 
+class ForcingMatcher(Matcher, Protocol):
+    """A matcher that also names the tokens its grammar forces (the draft proposes them free)."""
+
+    def forced_tokens(self) -> list[int]:
+        """The canonical tokens of the bytes the grammar forces from here ([] if none)."""
+
+
 class Grammar(Protocol):
     """A compiled spec; opaque to callers."""
 
