@@ -8,6 +8,9 @@ from tandem.errors import InvalidArgument
 from tandem.security.tls import PLAINTEXT, TlsConfig
 
 
+LOCAL_DRAFTS = ("ngram",)  # what the router drafts by itself (router/lookup.py)
+
+
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     model_dir: Path  # for the tokenizer and chat template; the router loads no weights
@@ -38,6 +41,11 @@ class RouterConfig:
     default_max_tokens: int = 1024
     # The draft service; None: plain decoding.
     draft_address: str | None = None
+    # Drafting the router does itself from token ids (router/lookup.py), instead of a draft
+    # service: "ngram" (prompt lookup, suffixes of ngram_min_n to ngram_max_n tokens) or "".
+    local_draft: str = ""
+    ngram_min_n: int = 2
+    ngram_max_n: int = 4
     spec_draft_length: int = 4
     # Steps that decode this many sequences or more verify no drafts (0: never): a verify of
     # k + 1 tokens a sequence costs more than it saves in large batches (vLLM's
@@ -74,5 +82,12 @@ class RouterConfig:
                      "max_connection_age_grace_s", "min_ping_interval_s", "shutdown_grace_s"):
             if getattr(self, name) < 0:
                 raise InvalidArgument(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.local_draft not in ("", *LOCAL_DRAFTS):
+            raise InvalidArgument(f"local_draft must be one of {LOCAL_DRAFTS} or empty, got {self.local_draft!r}")
+        if self.local_draft and self.draft_address:
+            raise InvalidArgument("a draft service and the router's own drafting are exclusive: give --draft or --local-draft")
+        if not 1 <= self.ngram_min_n <= self.ngram_max_n:
+            raise InvalidArgument(f"n-gram sizes need 1 <= ngram_min_n <= ngram_max_n, got {self.ngram_min_n},"
+                                  f" {self.ngram_max_n}")
         if self.spec_disable_batch_size < 0:
             raise InvalidArgument(f"spec_disable_batch_size must be >= 0, got {self.spec_disable_batch_size}")

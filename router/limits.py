@@ -149,7 +149,7 @@ def resolve_limits(config, info: EngineInfo, draft_max_num_sequence: int | None,
     held = info.max_num_sequence
     if draft_max_num_sequence is not None:
         held = min(held, draft_max_num_sequence)
-    k = config.spec_draft_length if config.draft_address else 0
+    k = config.spec_draft_length if config.draft_address or config.local_draft else 0
     recycling = config.prefix_cache_max_num_recycling_seqs
     return EngineLimits(
         max_num_sequence=config.max_num_sequence or info.max_num_sequence,

@@ -79,6 +79,7 @@ class Sequence:
     verify_steps: int = 0
     accepted_by_depth: list[int] = field(default_factory=list)
     output: object = None  # its OutputProcessor (not for a parent)
+    lookup: object = None  # its n-gram index (router/ngram.py) when the router drafts
 
     @property
     def spec(self) -> GenerationSpec:

@@ -12,6 +12,7 @@ from router.figures import snapshot
 from router.http.app import HttpApi, served_model_name
 from router.http.tls import server_ssl_context
 from router.metrics import router_families
+from router.lookup import LookupDrafter
 from router.speculation import Speculator
 from router.target_link import TargetLink
 from router.servicer import SERVICE_NAME, GenerationServicer
@@ -50,6 +51,8 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
         speculator = Speculator(RenewableChannel(config.draft_address, config.tls), config.spec_draft_length, config.draft_timeout_s, info.vocab_size,
                                 config.draft_probe_s)
         await speculator.connect(config.connect_timeout_s)
+    if config.local_draft:
+        speculator = LookupDrafter(config.spec_draft_length, config.ngram_min_n, config.ngram_max_n)
     draft_max = speculator.max_sequences if speculator and speculator.max_sequences else None
     api_keys = ApiKeys(config.api_key_file) if config.api_key_file else None
     checks = [api_keys] if api_keys else []

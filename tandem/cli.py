@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tandem.envvars import check_flags, env_default, env_flag
 from tandem.cli_router import add_router_flags, router_config, router_flag_options  # noqa: F401 (tandem.cli's API)
+from router.config import LOCAL_DRAFTS
 from tandem.models.kernel_plan import plan_from_flag
 from tandem.security.cli_flags import (add_client_tls_flags, add_identity_flags, add_public_security_flags,
                                        add_tls_flags, certs_parser, identities, tls_config)
@@ -295,6 +296,9 @@ def _router_parser(sub) -> None:
     p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"))
     p.add_argument("--draft", default=_env("draft_address", ""), help="draft service address (empty: plain decoding)")
     p.add_argument("--max-num-sequence", dest="router_max_num_sequence", type=int,
+    p.add_argument("--local-draft", default=_env("local_draft", "none"), choices=["none", *LOCAL_DRAFTS],
+                   help="drafting the router does itself from token ids, with no draft service and no head (ngram:"
+                        " prompt lookup over the request's prompt and output; docs/speculation.md)")
                    default=_env("router_max_num_sequence", 0),
                    help="sequence budget of a step, k + 1 per speculating sequence (0: the target's)")
     p.add_argument("--host", default=_env("router_host", "0.0.0.0"), help="address to listen on")
@@ -315,10 +319,11 @@ def _up_parser(sub) -> None:
     add_router_flags(p)
     _add_spec_flags(p, default=None, help=f"draft tokens per step (k; default: {CPU_SHAPE.k} on CPU, {GPU_SHAPE.k}"
                                           " on GPUs, tandem.models.heads says why)")
-    p.add_argument("--draft", default=_env("draft", "auto"), choices=["auto", "none", *sorted(DRAFT_METHODS)],
+    p.add_argument("--draft", default=_env("draft", "auto"), choices=["auto", "none", *sorted(DRAFT_METHODS), *LOCAL_DRAFTS],
                    help="draft method (auto: the shipped EAGLE head for the default model, in the device's"
                         " trees, on CPU for a stream decoding alone; none for a model of one's own;"
                         " tandem.models.heads says why)")
+                        " ngram: the router's prompt lookup, no head and no draft service, for any model;"
     _add_draft_shape_flags(p, device_defaults=True)
     p.add_argument("--draft-model", default=_env("draft_model", None),
                    help="draft head checkpoint folder (default model: the shipped heads/<method>-smollm2-135m)")

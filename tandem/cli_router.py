@@ -61,6 +61,10 @@ def add_router_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-total-sequence-length", type=int, default=_env("max_total_sequence_length", 0),
                    help="tokens over all live sequences (0: the KV cache's size)")
     add_request_limit_flags(p)
+    p.add_argument("--ngram-min-n", type=int, default=_env("ngram_min_n", 2),
+                   help="--local-draft ngram: the shortest suffix looked up")
+    p.add_argument("--ngram-max-n", type=int, default=_env("ngram_max_n", 4),
+                   help="--local-draft ngram: the longest suffix looked up (the longest that occurred before wins)")
     p.add_argument("--prefix-cache-max-num-recycling-seqs", type=int,
                    default=_env("prefix_cache_max_num_recycling_seqs", -1),
                    help="finished sequences the prefix cache keeps (-1: as slots allow, 0: off)")
@@ -92,6 +96,9 @@ def router_config(args, model: Path):
         request_limits=request_limits(args),
         default_max_tokens=args.default_max_tokens,
         draft_address=args.draft or None,
+        local_draft="" if getattr(args, "local_draft", "none") == "none" else args.local_draft,
+        ngram_min_n=args.ngram_min_n,
+        ngram_max_n=args.ngram_max_n,
         spec_draft_length=args.spec_draft_length,
         spec_disable_batch_size=args.spec_disable_batch_size,
         max_num_sequence=getattr(args, "router_max_num_sequence", 0),

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from router.config import LOCAL_DRAFTS
 from tandem.client import health
 from tandem.models.heads import default_draft, default_shape, device_shape_flags, shipped_head
 from tandem.security.tls import PLAINTEXT, TlsConfig
@@ -60,7 +61,7 @@ def resolve_up_draft(args) -> argparse.Namespace:
     shape = default_shape(args.device)
     draft = default_draft(args.model is not None) if args.draft == "auto" else args.draft
     chosen = {"draft": draft}
-    if draft != "none" and args.draft_model is None and args.model is None:
+    if draft not in ("none", *LOCAL_DRAFTS) and args.draft_model is None and args.model is None:
         chosen["draft_model"] = shipped_head(draft)
     if draft == "eagle" and args.shape is None:
         chosen["shape"] = shape.shape
@@ -129,7 +130,9 @@ def service_args(args, model: Path) -> tuple[list[str], list[str], list[str] | N
         *public_tls_flags(tls_dir),
     ]
     draft = None
-    if args.draft != "none":
+    if args.draft in LOCAL_DRAFTS:  # the router drafts: no draft service
+        router += ["--local-draft", args.draft]
+    elif args.draft != "none":
         if not args.draft_model:
             raise SystemExit(f"tandem up --draft {args.draft}: --draft-model DIR is required")
         draft = [
@@ -259,7 +262,8 @@ def run_up(args, model: Path, backoff: Backoff = Backoff()) -> int:
             wait_healthy(f"{args.host}:{port}", [s.proc for s in services], tls=client_tls(tls_dir),
                          stopping=lambda: stopping)
         drafting = f"{args.draft} {args.draft_model}, {args.shape or 'its default shape'}, k = {args.spec_draft_length}" \
-            if draft_args else "none"
+            if draft_args else f"{args.draft} in the router, k = {args.spec_draft_length}" if args.draft in LOCAL_DRAFTS \
+            else "none"
         security = f"; mutual TLS, CA {tls_dir / 'ca.pem'}" if tls_dir else ""
         print(f"tandem up: router on {args.host}:{args.router_port} (draft: {drafting}{security})", flush=True)
         if args.http_port:  # passed through with the router's flags (router_flags)

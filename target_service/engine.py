@@ -267,7 +267,8 @@ class TargetEngine:
         the grammar's rows of constrained entries."""
         if not entries:
             return {}
-        need_probs = any(verifies_with_q(self._samplers[e.seq_id].params) and (e.sampled_tree or not e.tree_parents)
+        # Draft step 0: drafts made without a draft service (the router's lookup), point masses.
+        need_probs = draft_step_id > 0 and any(verifies_with_q(self._samplers[e.seq_id].params) and (e.sampled_tree or not e.tree_parents)
                          for e in entries)
         probs = (self.peer.take_probs(draft_step_id, self.config.draft_probs_timeout_s) or {}) if need_probs else {}
         probs = {s: received_proposal(q) for s, q in probs.items()}  # fp16 on the wire
