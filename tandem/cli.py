@@ -224,12 +224,13 @@ def cmd_bench(args) -> int:
     from tandem.bench.rpc import run_rpc_bench
     from tandem.bench.shapes import run_shapes_bench
     from tandem.bench.spec import run_spec_bench
+    from tandem.bench.structured import run_structured_bench
 
     # A `kill` or a CI timeout sends SIGTERM, which Python's default ends the process on at once;
     # as SystemExit it unwinds the benches' context managers, which stop the services they started.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     modes = {"prefix": run_prefix_bench, "spec": run_spec_bench, "shapes": run_shapes_bench, "rpc": run_rpc_bench,
-             "http": run_http_bench}
+             "http": run_http_bench, "structured": run_structured_bench}
     return modes.get(args.mode, run_bench)(args)
 
 
@@ -295,10 +296,10 @@ def _router_parser(sub) -> None:
     _add_spec_flags(p)
     p.add_argument("--target", default=_env("target_address", "127.0.0.1:50052"))
     p.add_argument("--draft", default=_env("draft_address", ""), help="draft service address (empty: plain decoding)")
-    p.add_argument("--max-num-sequence", dest="router_max_num_sequence", type=int,
     p.add_argument("--local-draft", default=_env("local_draft", "none"), choices=["none", *LOCAL_DRAFTS],
                    help="drafting the router does itself from token ids, with no draft service and no head (ngram:"
                         " prompt lookup over the request's prompt and output; docs/speculation.md)")
+    p.add_argument("--max-num-sequence", dest="router_max_num_sequence", type=int,
                    default=_env("router_max_num_sequence", 0),
                    help="sequence budget of a step, k + 1 per speculating sequence (0: the target's)")
     p.add_argument("--host", default=_env("router_host", "0.0.0.0"), help="address to listen on")
@@ -322,8 +323,8 @@ def _up_parser(sub) -> None:
     p.add_argument("--draft", default=_env("draft", "auto"), choices=["auto", "none", *sorted(DRAFT_METHODS), *LOCAL_DRAFTS],
                    help="draft method (auto: the shipped EAGLE head for the default model, in the device's"
                         " trees, on CPU for a stream decoding alone; none for a model of one's own;"
-                        " tandem.models.heads says why)")
                         " ngram: the router's prompt lookup, no head and no draft service, for any model;"
+                        " tandem.models.heads says why)")
     _add_draft_shape_flags(p, device_defaults=True)
     p.add_argument("--draft-model", default=_env("draft_model", None),
                    help="draft head checkpoint folder (default model: the shipped heads/<method>-smollm2-135m)")

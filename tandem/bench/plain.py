@@ -22,11 +22,12 @@ from tandem.v1 import generate_pb2_grpc
 
 
 def add_bench_flags(p) -> None:
-    p.add_argument("--mode", choices=["plain", "prefix", "spec", "shapes", "rpc", "http"], default="plain",
+    p.add_argument("--mode", choices=["plain", "prefix", "spec", "shapes", "rpc", "http", "structured"], default="plain",
                    help="plain: tandem vs transformers; prefix: the prefix cache on vs off;"
                         " spec: speculation modes side by side; shapes: EAGLE draft shapes vs plain;"
                         " rpc: a target step's cost beyond its compute, a call each vs the step stream;"
-                        " http: the OpenAI HTTP API (server-sent events) vs gRPC streaming, per token")
+                        " http: the OpenAI HTTP API (server-sent events) vs gRPC streaming, per token;"
+                        " structured: JSON-schema answers, plain vs EAGLE with unconstrained vs constrained drafts")
     p.add_argument("--model", default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--questions", type=int, default=80, help="MT-bench first turns to use (of 80)")
