@@ -7,11 +7,10 @@ from the sequence's output whenever unknown: SequenceGrammar.sync rolls back to 
 prefix and consumes the rest. The draft learns the output from the real pairs it absorbs:
 draft position i holds target token i + 1, so the tokens kept here (every sequence's, since a
 constrained sequence may fork from any) are the target's less its first. The output starts at
-`num_prompt_tokens` when the router gave it (a resumed sequence); otherwise the draft takes the
-sequence's first drafted call as the end of its prompt, when its last pair holds the first
-sampled token (the router drafts as soon as a sequence decodes; one whose first steps decoded
-without drafts would be misread: its matcher then refuses its output and it drafts
-unconstrained, still lossless).
+`num_prompt_tokens`, which the router gives every constrained sequence (router/scheduler.py,
+`_prompt_end`); without it the draft takes the sequence's first drafted call as the end of its
+prompt (one whose first steps decoded without drafts would be misread: its matcher then refuses
+its output and it drafts unconstrained, still lossless).
 """
 
 from __future__ import annotations

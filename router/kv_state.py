@@ -80,15 +80,17 @@ class KvState:
         self.matched_tokens_total += plan.num_prefilled
         return ops, plan.num_prefilled
 
-    def fork_child(self, seq_id: int, parent_id: int, sampler: SamplingParams, draft_lags: bool) -> list[SequenceOp]:
+    def fork_child(self, seq_id: int, parent_id: int, sampler: SamplingParams, draft_lags: bool,
+                   num_prompt_tokens: int = 0) -> list[SequenceOp]:
         """A child shares all of its parent's KV (the prompt but its last token). A lagging
         draft forks one position earlier: the child's first pair comes from the target's
-        carried last hidden state of the parent."""
+        carried last hidden state of the parent. `num_prompt_tokens` as in add_root."""
         position = self.pages.length(parent_id)
         self.pages.fork(seq_id, parent_id, position)
         self.cache.fork_sequence(seq_id, parent_id, position, self.window)
         draft_position = max(position - 1, 0) if draft_lags else None
-        return [ForkSequence(seq_id, parent_id, position, sampler, draft_position=draft_position)]
+        return [ForkSequence(seq_id, parent_id, position, sampler, draft_position=draft_position,
+                             num_prompt_tokens=num_prompt_tokens)]
 
     # -- as steps run -------------------------------------------------------------------------
 

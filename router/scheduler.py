@@ -324,8 +324,8 @@ class Scheduler:
                 child.seq_id = self.new_seq_id()
                 wants = parent.draft_live or parent.draft_denied
                 self.draft.admitted(child, wants, parent.draft_live and self._draft_room())
-                self._send(self.kv.fork_child(child.seq_id, parent.seq_id, child.sampler, child.draft_live),
-                           speculates=child.draft_live)
+                self._send(self.kv.fork_child(child.seq_id, parent.seq_id, child.sampler, child.draft_live,
+                                              _prompt_end(child)), speculates=child.draft_live)
                 child.num_prefilled = len(child.input_ids) - 1
                 child.live = True
                 self.running.append(child)
@@ -346,7 +346,7 @@ class Scheduler:
             tokens = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
             ops, seq.num_prefilled = self.kv.add_root(
                 seq.seq_id, tokens, seq.sampler, draft_lags=speculate, is_parent=seq.is_parent, eligible=mirrors,
-                num_prompt_tokens=len(seq.spec.prompt_ids) if seq.output_ids else 0)  # resumed: output counts
+                num_prompt_tokens=_prompt_end(seq))
             self._send(ops, speculates=speculate)
             if not seq.output_ids:  # a resumed sequence reported its cached tokens already
                 seq.request.cached_prompt_tokens = max(seq.request.cached_prompt_tokens, seq.num_prefilled)
@@ -379,6 +379,14 @@ class Scheduler:
             return False
         prompt = seq.spec.prompt_ids if seq.is_parent else seq.input_ids
         return self._has_slot(room, min(seq.prefill_left, room.tokens), held=2 if seq.is_parent else 1, prompt=prompt)
+
+
+def _prompt_end(seq: Sequence) -> int:
+    """Where the output starts in what the model services hold of `seq`, for them to tell the
+    output of a resumed sequence (its penalties, its grammar) and of a constrained one (the
+    draft's grammar, which sees no prefill end); 0 otherwise: every prefilled token is prompt."""
+    resumed = bool(seq.output_ids) and not seq.is_parent
+    return len(seq.spec.prompt_ids) if resumed or seq.sampler.structured_output is not None else 0
 
 
 def _kv_state(limits: EngineLimits) -> KvState:

@@ -91,3 +91,25 @@ def test_medusa_greedy_is_the_same_with_constrained_drafts_on_and_off(tiny_model
             assert spec == plain and usage.draft_tokens > 0 and usage.accepted_draft_tokens > 0
     finally:
         s.stop()
+
+
+def test_a_sequence_that_decoded_without_drafts_first_drafts_inside_its_grammar(tiny_model, trained_head, caplog):  # noqa: F811
+    """Paused beside a second stream (--spec-disable-batch-size 2), a constrained sequence's first
+    steps draft nothing; once alone it drafts, and the draft knows where its output starts (the
+    router's num_prompt_tokens) rather than guessing it from its first drafted call."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = start_services(tiny_model, draft_model=trained_head, router={"spec_draft_length": 4, "spec_disable_batch_size": 2})
+    try:
+        so = pb.StructuredOutput(json_schema=json.dumps(FIXED_KEYS))
+        constrained = pb.SamplingParams(max_tokens=60, temperature=0, structured_output=so)
+        other = pb.SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+        with ThreadPoolExecutor(2) as pool, caplog.at_level("INFO", logger="draft_service.grammars"):
+            beside = pool.submit(generate, s.stub, prompt=PROMPTS[1], params=other)
+            ids, text, _, last = pool.submit(generate, s.stub, prompt=PROMPTS[0], params=constrained).result()
+            beside.result()
+        jsonschema.validate(json.loads(text), FIXED_KEYS)
+        assert last.usage.draft_tokens > 0 and last.usage.accepted_draft_tokens > 0
+        assert not [r for r in caplog.records if "outside its grammar" in r.getMessage()]
+    finally:
+        s.stop()
