@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tandem.bench.inputs import bench_model, bench_prompts
-from tandem.bench.machine import machine_facts
+from tandem.bench.machine import machine_facts, write_report
 from tandem.bench.services import Devices, free_port, running_services
 from tandem.channels import open_channel
 from tandem.v1 import generate_pb2 as pb
@@ -182,11 +182,4 @@ def run_http_bench(args) -> int:
         "cells": {f"x{c}": cells for c, cells in results.items()}, "summary": _summary(results),
         "devices": devices.record(with_draft=False), "machine": machine_facts(args.threads),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp, kind = time.strftime("%Y%m%d-%H%M%S"), "http-reduced" if args.reduced else "http"
-    for name in (f"{kind}-{stamp}.json", f"{kind}-latest.json"):
-        (out / name).write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["summary"], indent=2))
-    print(f"results written to {out}/{kind}-{stamp}.json")
-    return 0
+    return write_report(report, args.out, "http", args.reduced, report["summary"])

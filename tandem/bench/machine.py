@@ -73,3 +73,20 @@ def decode_weight_bytes(model_dir: Path, dtype: str) -> int:
     mlp = 3 * c.hidden_size * c.intermediate_size
     per_layer = attn + mlp + 2 * c.hidden_size
     return size * (c.num_layers * per_layer + c.vocab_size * c.hidden_size + c.hidden_size)
+
+
+def write_report(report: dict, out, name: str, reduced: bool, summary: dict) -> int:
+    """Writes `report` as <name>[-reduced]-<stamp>.json and -latest.json under `out`, prints its
+    summary and where it went; returns the command's exit code (0)."""
+    import json
+    import time
+    from pathlib import Path
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp, kind = time.strftime("%Y%m%d-%H%M%S"), f"{name}-reduced" if reduced else name
+    for file in (f"{kind}-{stamp}.json", f"{kind}-latest.json"):
+        (out / file).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(json.dumps(summary, indent=2))
+    print(f"results written to {out}/{kind}-{stamp}.json")
+    return 0

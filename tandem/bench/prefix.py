@@ -6,12 +6,11 @@ alternating question by question; each answers --max-tokens greedy tokens. Repor
 first token, time per request, prompt tokens served from the cache, and that the outputs agree.
 """
 
-import json
 import statistics
 import time
 from pathlib import Path
 
-from tandem.bench.machine import machine_facts
+from tandem.bench.machine import machine_facts, write_report
 from tandem.bench.inputs import REDUCED_PROMPTS, bench_model
 from tandem.bench.services import Devices, running_services
 from tandem.channels import open_channel
@@ -62,14 +61,7 @@ def run_prefix_bench(args) -> int:
                 for side in order:
                     runs[side].append(_ask(stubs[side], [("system", system), ("user", q)], args.max_tokens))
     report = _report(args, model, runs, system)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp, kind = time.strftime("%Y%m%d-%H%M%S"), "prefix-reduced" if args.reduced else "prefix"
-    for name in (f"{kind}-{stamp}.json", f"{kind}-latest.json"):
-        (out / name).write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(json.dumps(report["summary"], indent=2))
-    print(f"results written to {out}/{kind}-{stamp}.json")
-    return 0
+    return write_report(report, args.out, "prefix", args.reduced, report["summary"])
 
 
 def _side(runs) -> dict:

@@ -13,7 +13,6 @@ as a fraction of the plaintext step.
 
 import asyncio
 import contextlib
-import json
 import statistics
 import tempfile
 import time
@@ -23,7 +22,7 @@ import grpc
 
 from tandem import codec
 from tandem.bench.inputs import bench_model
-from tandem.bench.machine import machine_facts
+from tandem.bench.machine import machine_facts, write_report
 from tandem.bench.services import Devices, running_target
 from tandem.channels import open_channel
 from tandem.ops import AddSequence, EntryKind, RemoveSequence, StepEntry, StepRequest
@@ -146,11 +145,4 @@ def run_rpc_bench(args) -> int:
         "cells": cells, "summary": summary,
         "devices": devices.record(with_draft=False), "machine": machine_facts(args.threads),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp, kind = time.strftime("%Y%m%d-%H%M%S"), "rpc-reduced" if args.reduced else "rpc"
-    for name in (f"{kind}-{stamp}.json", f"{kind}-latest.json"):
-        (out / name).write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(summary, indent=2))
-    print(f"results written to {out}/{kind}-{stamp}.json")
-    return 0
+    return write_report(report, args.out, "rpc", args.reduced, summary)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tandem.bench.inputs import bench_model
 from tandem.bench.json_workload import TASKS, JsonTask
-from tandem.bench.machine import machine_facts
+from tandem.bench.machine import machine_facts, write_report
 from tandem.bench.services import Devices, StackSpec, bench_kv_cache_tokens, running_stacks
 from tandem.channels import open_channel
 from tandem.models.heads import EAGLE_HEAD, device_shape_flags
@@ -86,14 +86,7 @@ def run_structured_bench(args) -> int:
                     runs[mode][-1]["valid"] = _valid(runs[mode][-1]["text"], task.schema)
                 print(f"  {i + 1}/{len(tasks)} prompts", flush=True)
     report = _report(args, model, head, tasks, runs, devices)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp, kind = time.strftime("%Y%m%d-%H%M%S"), "structured-reduced" if args.reduced else "structured"
-    for name in (f"{kind}-{stamp}.json", f"{kind}-latest.json"):
-        (out / name).write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["summary"], indent=2))
-    print(f"results written to {out}/{kind}-{stamp}.json")
-    return 0
+    return write_report(report, args.out, "structured", args.reduced, report["summary"])
 
 
 def _side(runs: list[dict]) -> dict:
