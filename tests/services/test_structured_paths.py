@@ -97,14 +97,19 @@ def test_a_preempted_sequence_resumes_inside_its_grammar(launch, eagle):  # noqa
     seeded = {p: run(roomy, so, prompt=p, temperature=1.0, seed=i) for i, (p, so) in enumerate(cases)}
     small = launch(eagle=eagle, target={"kv_cache_tokens": 120, "kv_page_size": 8})
     before = small.stub.Stats(pb.StatsRequest()).preemptions_total
-    with ThreadPoolExecutor(len(cases)) as pool:
-        greedy = {p: pool.submit(run, small, so, prompt=p) for p, so in cases}
-        sampled = {p: pool.submit(run, small, so, prompt=p, temperature=1.0, seed=i) for i, (p, so) in enumerate(cases)}
-        greedy = {p: f.result()[0] for p, f in greedy.items()}
-        sampled = {p: f.result()[0] for p, f in sampled.items()}
+    # The load is the set-up, not the claim: on a busy machine the requests may come too far
+    # apart to crowd the cache, so it runs again (outputs checked each time) until one was preempted.
+    for _ in range(3):
+        with ThreadPoolExecutor(len(cases)) as pool:
+            greedy = {p: pool.submit(run, small, so, prompt=p) for p, so in cases}
+            sampled = {p: pool.submit(run, small, so, prompt=p, temperature=1.0, seed=i) for i, (p, so) in enumerate(cases)}
+            greedy = {p: f.result()[0] for p, f in greedy.items()}
+            sampled = {p: f.result()[0] for p, f in sampled.items()}
+        assert greedy == {p: out for p, (out, _) in expected.items()}
+        assert sampled == {p: out for p, (out, _) in seeded.items()}
+        if small.stub.Stats(pb.StatsRequest()).preemptions_total > before:
+            break
     assert small.stub.Stats(pb.StatsRequest()).preemptions_total > before
-    assert greedy == {p: out for p, (out, _) in expected.items()}
-    assert sampled == {p: out for p, (out, _) in seeded.items()}
 
 
 def test_n_children_each_keep_the_constraint(launch):  # noqa: F811
