@@ -8,7 +8,7 @@ from tandem.errors import InvalidArgument
 from tandem.security.tls import PLAINTEXT, TlsConfig
 
 
-LOCAL_DRAFTS = ("ngram",)  # what the router drafts by itself (router/lookup.py)
+LOCAL_DRAFTS = ("ngram", "suffix")  # what the router drafts by itself (router/lookup.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +42,14 @@ class RouterConfig:
     # The draft service; None: plain decoding.
     draft_address: str | None = None
     # Drafting the router does itself from token ids (router/lookup.py), instead of a draft
-    # service: "ngram" (prompt lookup, suffixes of ngram_min_n to ngram_max_n tokens) or "".
+    # service: "ngram" (prompt lookup, suffixes of ngram_min_n to ngram_max_n tokens), "suffix"
+    # (a tree from the followers of contexts up to suffix_depth tokens, in the request and in
+    # the last suffix_cache_tokens of other requests' outputs) or "".
     local_draft: str = ""
     ngram_min_n: int = 2
     ngram_max_n: int = 4
+    suffix_depth: int = 6
+    suffix_cache_tokens: int = 65536
     spec_draft_length: int = 4
     # Steps that decode this many sequences or more verify no drafts (0: never): a verify of
     # k + 1 tokens a sequence costs more than it saves in large batches (vLLM's
@@ -86,6 +90,9 @@ class RouterConfig:
             raise InvalidArgument(f"local_draft must be one of {LOCAL_DRAFTS} or empty, got {self.local_draft!r}")
         if self.local_draft and self.draft_address:
             raise InvalidArgument("a draft service and the router's own drafting are exclusive: give --draft or --local-draft")
+        if self.suffix_depth < 1 or self.suffix_cache_tokens < 0:
+            raise InvalidArgument(f"suffix_depth must be >= 1 and suffix_cache_tokens >= 0, got {self.suffix_depth},"
+                                  f" {self.suffix_cache_tokens}")
         if not 1 <= self.ngram_min_n <= self.ngram_max_n:
             raise InvalidArgument(f"n-gram sizes need 1 <= ngram_min_n <= ngram_max_n, got {self.ngram_min_n},"
                                   f" {self.ngram_max_n}")

@@ -275,6 +275,8 @@ class RouterEngine:
             seq = emitted.seq
             self.figures.on_tokens(seq, len(emitted.delta.tokens))
             seq.request.queue.put_nowait(emitted.delta)
+            if seq.finished and self.speculator:
+                self.speculator.finished(seq)
             if seq.request.finished:
                 self._retire(seq.request)
 

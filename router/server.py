@@ -12,7 +12,7 @@ from router.figures import snapshot
 from router.http.app import HttpApi, served_model_name
 from router.http.tls import server_ssl_context
 from router.metrics import router_families
-from router.lookup import LookupDrafter
+from router.lookup import LookupConfig, LookupDrafter
 from router.speculation import Speculator
 from router.target_link import TargetLink
 from router.servicer import SERVICE_NAME, GenerationServicer
@@ -52,7 +52,8 @@ async def start_router(config: RouterConfig, tracing: Tracing | None = None):
                                 config.draft_probe_s)
         await speculator.connect(config.connect_timeout_s)
     if config.local_draft:
-        speculator = LookupDrafter(config.spec_draft_length, config.ngram_min_n, config.ngram_max_n)
+        speculator = LookupDrafter(LookupConfig(config.local_draft, config.spec_draft_length, config.ngram_min_n,
+                                                config.ngram_max_n, config.suffix_depth, config.suffix_cache_tokens))
     draft_max = speculator.max_sequences if speculator and speculator.max_sequences else None
     api_keys = ApiKeys(config.api_key_file) if config.api_key_file else None
     checks = [api_keys] if api_keys else []

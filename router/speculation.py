@@ -143,6 +143,9 @@ class Speculator:
         )
         return dataclasses.replace(plan, entries=entries)
 
+    def finished(self, seq: RequestSeq) -> None:
+        """A choice finished (the router's own drafting learns from outputs; a head does not)."""
+
     def take_back(self) -> bool:
         """The draft service came back (healthy, reset, holding nothing) since this was last
         asked: running sequences may re-prefill to speculate again."""

@@ -298,7 +298,8 @@ def _router_parser(sub) -> None:
     p.add_argument("--draft", default=_env("draft_address", ""), help="draft service address (empty: plain decoding)")
     p.add_argument("--local-draft", default=_env("local_draft", "none"), choices=["none", *LOCAL_DRAFTS],
                    help="drafting the router does itself from token ids, with no draft service and no head (ngram:"
-                        " prompt lookup over the request's prompt and output; docs/speculation.md)")
+                        " prompt lookup over the request's prompt and output; suffix: a tree of what followed its"
+                        " recent tokens there and in other requests' recent outputs; docs/speculation.md)")
     p.add_argument("--max-num-sequence", dest="router_max_num_sequence", type=int,
                    default=_env("router_max_num_sequence", 0),
                    help="sequence budget of a step, k + 1 per speculating sequence (0: the target's)")
@@ -323,7 +324,8 @@ def _up_parser(sub) -> None:
     p.add_argument("--draft", default=_env("draft", "auto"), choices=["auto", "none", *sorted(DRAFT_METHODS), *LOCAL_DRAFTS],
                    help="draft method (auto: the shipped EAGLE head for the default model, in the device's"
                         " trees, on CPU for a stream decoding alone; none for a model of one's own;"
-                        " ngram: the router's prompt lookup, no head and no draft service, for any model;"
+                        " ngram, suffix: the router's own drafting from token ids, no head and no draft service,"
+                        " for any model;"
                         " tandem.models.heads says why)")
     _add_draft_shape_flags(p, device_defaults=True)
     p.add_argument("--draft-model", default=_env("draft_model", None),

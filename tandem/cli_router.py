@@ -65,6 +65,10 @@ def add_router_flags(p: argparse.ArgumentParser) -> None:
                    help="--local-draft ngram: the shortest suffix looked up")
     p.add_argument("--ngram-max-n", type=int, default=_env("ngram_max_n", 4),
                    help="--local-draft ngram: the longest suffix looked up (the longest that occurred before wins)")
+    p.add_argument("--suffix-depth", type=int, default=_env("suffix_depth", 6),
+                   help="--local-draft suffix: the longest context whose followers are counted")
+    p.add_argument("--suffix-cache-tokens", type=int, default=_env("suffix_cache_tokens", 65536),
+                   help="--local-draft suffix: tokens of other requests' recent outputs it drafts from too")
     p.add_argument("--prefix-cache-max-num-recycling-seqs", type=int,
                    default=_env("prefix_cache_max_num_recycling_seqs", -1),
                    help="finished sequences the prefix cache keeps (-1: as slots allow, 0: off)")
@@ -99,6 +103,8 @@ def router_config(args, model: Path):
         local_draft="" if getattr(args, "local_draft", "none") == "none" else args.local_draft,
         ngram_min_n=args.ngram_min_n,
         ngram_max_n=args.ngram_max_n,
+        suffix_depth=args.suffix_depth,
+        suffix_cache_tokens=args.suffix_cache_tokens,
         spec_draft_length=args.spec_draft_length,
         spec_disable_batch_size=args.spec_disable_batch_size,
         max_num_sequence=getattr(args, "router_max_num_sequence", 0),

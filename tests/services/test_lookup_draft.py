@@ -47,11 +47,16 @@ def test_seeded_and_n_gt_1_output_equals_plain_decoding(pair):
     params.max_tokens = 40
     assert generate(lookup.stub, prompt=REPEATS, params=params)[0] == generate(plain.stub, prompt=REPEATS, params=params)[0]
     for params in (greedy(n=2), sampled(seed=5, n=2)):
-        responses = [list(s.stub.Generate(pb.GenerateRequest(prompt=REPEATS, params=params), timeout=120))
-                     for s in (plain, lookup)]
-        by_choice = [{i: [t for r in rs for c in r.choices if c.index == i for t in c.token_ids] for i in (0, 1)}
-                     for rs in responses]
-        assert by_choice[0] == by_choice[1]
+        assert choices(lookup, params) == choices(plain, params)
+
+
+def choices(services, params) -> dict[int, list[int]]:
+    """Each choice's tokens, however the steps cut them into responses."""
+    out: dict[int, list[int]] = {}
+    for r in services.stub.Generate(pb.GenerateRequest(prompt=REPEATS, params=params), timeout=120):
+        for c in r.choices:
+            out.setdefault(c.index, []).extend(c.token_ids)
+    return out
 
 
 def test_sampled_requests_finish_with_drafts_verified_as_point_masses(pair):
@@ -69,3 +74,25 @@ def test_the_router_drafts_alone_or_from_a_draft_service_not_both(tmp_path):
         RouterConfig(model_dir=tmp_path, local_draft="ngram", ngram_min_n=3, ngram_max_n=2)
     with pytest.raises(InvalidArgument, match="local_draft"):
         RouterConfig(model_dir=tmp_path, local_draft="suffix-tree")
+
+
+@pytest.fixture(scope="module")
+def suffix(tiny_model):
+    s = start_services(tiny_model, router={"local_draft": "suffix", "spec_draft_length": 4, "suffix_depth": 4})
+    yield s
+    s.stop()
+
+
+def test_suffix_trees_are_lossless_and_learn_from_other_requests(pair, suffix):
+    plain, _ = pair
+    first, _, _, before = generate(suffix.stub, prompt=TINY_PROMPTS[3], params=greedy())
+    # The same request again drafts from the first one's output (the recent outputs), as trees.
+    again, _, _, after = generate(suffix.stub, prompt=TINY_PROMPTS[3], params=greedy())
+    assert first == again == generate(plain.stub, prompt=TINY_PROMPTS[3], params=greedy())[0]
+    assert after.usage.accepted_draft_tokens > before.usage.accepted_draft_tokens
+    assert after.usage.accepted_draft_tokens >= len(first) // 2  # it knows the whole answer now
+    for params in (sampled(seed=3), sampled(seed=4, n=2)):
+        params.max_tokens = 40
+        assert choices(suffix, params) == choices(plain, params)
+    stats = suffix.wait_idle()
+    assert stats.sequences_live == 0 and stats.kv_pages_free == stats.kv_pages_total
