@@ -10,7 +10,8 @@ from tandem.models.heads import MEDUSA_HEAD as DEFAULT_MEDUSA_HEAD
 from tandem.models.heads import CPU_SHAPE, GPU_SHAPE, device_shape_flags
 
 TEMPERATURES = (0.0, 1.0)
-ROWS = ("hf_generate", "hf_prompt_lookup", "tandem_plain", "eagle_chain", "eagle_tree", "medusa")  # report order
+ROWS = ("hf_generate", "hf_prompt_lookup", "tandem_plain", "tandem_ngram", "tandem_suffix", "eagle_chain", "eagle_tree",
+        "medusa")  # report order
 
 
 def add_spec_flags(p) -> None:
@@ -104,11 +105,11 @@ class Mode:
 
     @property
     def speculative(self) -> bool:
-        return self.lookup_tokens > 0 or bool(self.stack and self.stack.draft)
+        return self.lookup_tokens > 0 or bool(self.stack and (self.stack.draft or "--local-draft" in self.stack.router))
 
 
 def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
-    """The six rows, in report order; a row left out of --rows or without its head folder is
+    """The rows (ROWS), in report order; a row left out of --rows or without its head folder is
     skipped with the reason."""
     router_flags = ("--spec-draft-length", str(cfg.spec_draft_length),
                     "--spec-disable-batch-size", str(cfg.spec_disable_batch_size))
@@ -130,6 +131,12 @@ def plan_modes(cfg: SpecBenchConfig, eagle: Path, medusa: Path) -> list[Mode]:
              " batch B: one left-padded batch (transformers refuses B > 1)", lookup_tokens=cfg.lookup_tokens),
         Mode("tandem_plain", "tandem plain", "target and router as processes (--draft none); batch B: B concurrent"
              " Generate streams", StackSpec(router=router_flags)),
+        Mode("tandem_ngram", "tandem n-gram lookup", "target and router as processes, the router drafting by prompt"
+             f" lookup (--local-draft ngram), chains of k = {cfg.spec_draft_length}; no head",
+             StackSpec(router=(*router_flags, "--local-draft", "ngram"))),
+        Mode("tandem_suffix", "tandem suffix trees", "target and router as processes, the router drafting suffix"
+             f" trees of k = {cfg.spec_draft_length} nodes (--local-draft suffix); no head",
+             StackSpec(router=(*router_flags, "--local-draft", "suffix"))),
         draft("eagle_chain", "tandem EAGLE chain", "eagle", eagle, ("--shape", "chain"),
               f"{services}; EAGLE chain of k = {cfg.spec_draft_length}"),
         draft("eagle_tree", "tandem EAGLE tree", "eagle", eagle, tree,

@@ -27,7 +27,9 @@ def test_a_missing_head_skips_its_rows_with_the_folder(tmp_path):
     (eagle / "config.json").write_text("{}")
     cfg = _config(tmp_path, "--medusa-head", str(tmp_path / "nowhere"))
     modes = {m.name: m for m in plan_modes(cfg, eagle, cfg.medusa_head)}
-    assert list(modes) == ["hf_generate", "hf_prompt_lookup", "tandem_plain", "eagle_chain", "eagle_tree", "medusa"]
+    assert list(modes) == ["hf_generate", "hf_prompt_lookup", "tandem_plain", "tandem_ngram", "tandem_suffix",
+                           "eagle_chain", "eagle_tree", "medusa"]
+    assert modes["tandem_ngram"].speculative and modes["tandem_ngram"].stack.router[-2:] == ("--local-draft", "ngram")
     assert modes["medusa"].skipped == f"skipped: no head at {tmp_path / 'nowhere'}" and modes["medusa"].stack is None
     assert not modes["eagle_tree"].skipped and "tree" in modes["eagle_tree"].stack.draft
     assert modes["tandem_plain"].stack.draft is None and not modes["tandem_plain"].speculative
@@ -107,6 +109,8 @@ def test_cell_rows_skips_and_ratios(tmp_path):
         "hf_generate": FakeRunner(GroupResult(16, sequence_forwards=16)),
         "hf_prompt_lookup": FakeRunner(None),
         "tandem_plain": FakeRunner(GroupResult(16)),
+        "tandem_ngram": FakeRunner(GroupResult(16)),
+        "tandem_suffix": FakeRunner(GroupResult(16)),
     }
     rows = measure_cell(runners, modes, [[1, 2]] * 4, 0.0, 2, cfg)
     assert runners["hf_prompt_lookup"].calls == 1  # refused once, not asked again
