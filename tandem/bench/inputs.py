@@ -21,12 +21,17 @@ def bench_model(args) -> Path:
 
 
 def bench_prompts(args, tokenizer) -> list[list[int]]:
-    """Token ids of the first --questions MT-bench first turns (--reduced: tiny prompts), each
-    as one user turn of the model's chat template, ending in the assistant's turn."""
+    """Token ids of the first --questions prompts of the workload (MT-bench first turns, or
+    --workload code: tandem/bench/code_workload.py; --reduced: tiny prompts), each as one user
+    turn of the model's chat template, ending in the assistant's turn."""
     if args.reduced:
         from tandem.testing.tiny import TINY_PROMPTS
 
         texts = list(TINY_PROMPTS[: min(REDUCED_PROMPTS, args.questions)])
+    elif getattr(args, "workload", "mtbench") == "code":
+        from tandem.bench.code_workload import code_prompts
+
+        texts = code_prompts()[: args.questions]
     else:
         from tandem.bench.data import mtbench_first_turns
         from tandem.models.fetch import tandem_home

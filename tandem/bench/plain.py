@@ -30,7 +30,9 @@ def add_bench_flags(p) -> None:
                         " structured: JSON-schema answers, plain vs EAGLE with unconstrained vs constrained drafts")
     p.add_argument("--model", default=None, help="HF folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--questions", type=int, default=80, help="MT-bench first turns to use (of 80)")
+    p.add_argument("--questions", type=int, default=80, help="prompts of the workload to use (MT-bench: of 80)")
+    p.add_argument("--workload", choices=["mtbench", "code"], default="mtbench",
+                   help="the prompts: MT-bench's first turns, or code edits of our own (16; tandem/bench/code_workload.py)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--threads", type=int, default=0, help="torch threads for both (0: all cores)")
