@@ -34,6 +34,14 @@ class LookupConfig:
     suffix_min_score: float = 0.1  # a node's estimated chance of being reached, at least
 
 
+@dataclass(slots=True)
+class _Counted:
+    """A sequence's context counts and how many of its tokens they hold."""
+
+    counts: ContextCounts
+    tokens: int = 0
+
+
 class LookupDrafter:
     healthy = True  # nothing to lose: it runs in the router
     max_sequences = 0  # no limit of its own
@@ -94,11 +102,10 @@ class LookupDrafter:
             drafts = seq.lookup.propose(room)
             return drafts, tuple(range(len(drafts)))
         if seq.lookup is None:
-            seq.lookup = [ContextCounts(c.suffix_depth), 0]  # its counts, and how many tokens they hold
-        counts, counted = seq.lookup
-        counts.add(tokens, counted)
-        seq.lookup[1] = len(tokens)
-        return propose_tree(tokens, [counts, self._recent.counts], room, c.suffix_min_score)
+            seq.lookup = _Counted(ContextCounts(c.suffix_depth))
+        seq.lookup.counts.add(tokens, seq.lookup.tokens)
+        seq.lookup.tokens = len(tokens)
+        return propose_tree(tokens, [seq.lookup.counts, self._recent.counts], room, c.suffix_min_score)
 
     def close(self) -> None:
         pass
