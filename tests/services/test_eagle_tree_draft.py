@@ -53,9 +53,9 @@ def test_sampled_trees_run_and_leave_no_pages(eagle_tree, monkeypatch):
     engine, proposals = eagle_tree.target_engine, []
     verify_tree = engine._verify_tree
 
-    def spy(e, rows, q):
+    def spy(e, rows, q, *rest):  # rest: the grammar's rows, when constrained
         proposals.append((e.sampled_tree, q is not None and q.shape[0] == e.num_draft_tokens + 1))
-        return verify_tree(e, rows, q)
+        return verify_tree(e, rows, q, *rest)
 
     monkeypatch.setattr(engine, "_verify_tree", spy)
     ids, _, _, last = generate(eagle_tree.stub, prompt=TINY_PROMPTS[2], params=sampled())

@@ -80,8 +80,8 @@ def test_a_pruned_eagle_tree_sends_its_sampled_proposals_on_columns(tiny_model, 
     s = start_services(tiny_model, draft_model=head, router={"spec_draft_length": 3},
                        draft={"shape": "tree", "tree_top_k": 2, "tree_node_budget": 4})
     verify_tree = s.target_engine._verify_tree
-    monkeypatch.setattr(s.target_engine, "_verify_tree", lambda e, rows, q: verified.append(
-        q is not None and q.shape == (e.num_draft_tokens + 1, vocab)) or verify_tree(e, rows, q))
+    monkeypatch.setattr(s.target_engine, "_verify_tree", lambda e, rows, q, *rest: verified.append(
+        q is not None and q.shape == (e.num_draft_tokens + 1, vocab)) or verify_tree(e, rows, q, *rest))
     try:
         params = pb.SamplingParams(max_tokens=24, temperature=1.0, ignore_eos=True)  # unseeded: proposals
         ids, _, _, last = generate(s.stub, prompt=TINY_PROMPTS[1], params=params)
