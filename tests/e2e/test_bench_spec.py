@@ -6,9 +6,10 @@ import math
 
 from PIL import Image
 
+from tandem.bench.spec_modes import ROWS
 from tests.e2e.conftest import tandem_cli
 
-MODES = ("hf_generate", "hf_prompt_lookup", "tandem_plain", "eagle_chain", "eagle_tree", "medusa")
+MODES = ROWS  # every row the bench knows
 PROMPTS, TOKENS = 2, 8
 
 
