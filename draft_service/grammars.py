@@ -19,7 +19,8 @@ import logging
 from pathlib import Path
 
 from tandem.sampling.params import SamplingParams
-from tandem.structured.drafting import DraftWalk, ForcingBackend
+from tandem.structured.drafting import DraftWalk
+from tandem.structured.llguidance_backend import LlguidanceBackend
 from tandem.structured.matcher import SequenceGrammar
 from tandem.structured.spec import StructuredOutput
 
@@ -30,7 +31,7 @@ class DraftGrammars:
     def __init__(self, target_model_dir: Path, vocab_size: int, enabled: bool = True):
         """enabled False (--no-constrained-drafts): every sequence drafts unconstrained."""
         self._model_dir, self.vocab_size, self.enabled = Path(target_model_dir), vocab_size, enabled
-        self._backend: ForcingBackend | None = None  # made at the first constrained sequence
+        self._backend: LlguidanceBackend | None = None  # made at the first constrained sequence
         self._tokens: dict[int, list[int]] = {}  # seq_id -> its real pairs' tokens
         self._specs: dict[int, StructuredOutput] = {}  # constrained sequences only
         self._output_start: dict[int, int | None] = {}  # index into _tokens; None: at the first draft
@@ -38,9 +39,9 @@ class DraftGrammars:
         self._refused: set[int] = set()  # output outside the grammar: drafts unconstrained
 
     @property
-    def backend(self) -> ForcingBackend:
+    def backend(self) -> LlguidanceBackend:
         if self._backend is None:
-            self._backend = ForcingBackend.from_model_dir(self._model_dir, self.vocab_size)
+            self._backend = LlguidanceBackend.from_model_dir(self._model_dir, self.vocab_size)
         return self._backend
 
     def added(self, seq_id: int, params: SamplingParams, num_prompt_tokens: int, tokens=()) -> None:

@@ -13,31 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import llguidance
 import torch
 from torch import Tensor
 
-from tandem.structured.llguidance_backend import CompiledGrammar, LlguidanceBackend, LlguidanceMatcher
 from tandem.structured.masks import fill_row, new_bitmask, unpack
 from tandem.structured.matcher import SequenceGrammar
-
-
-class ForcingMatcher(LlguidanceMatcher):
-    """An llguidance matcher that also names the tokens its grammar forces (backend.ForcingMatcher)."""
-
-    def __init__(self, matcher: llguidance.LLMatcher):
-        super().__init__(matcher)
-        self._forcing = matcher
-
-    def forced_tokens(self) -> list[int]:
-        return self._forcing.compute_ff_tokens()
-
-
-class ForcingBackend(LlguidanceBackend):
-    """The llguidance backend whose matchers name forced tokens (the draft's)."""
-
-    def new_matcher(self, grammar: CompiledGrammar) -> ForcingMatcher:
-        return ForcingMatcher(grammar.template.deep_copy())
 
 
 class DraftWalk:

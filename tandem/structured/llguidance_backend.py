@@ -70,6 +70,10 @@ class LlguidanceMatcher:
     def fill_bitmask(self, address: int, num_bytes: int) -> None:
         self._m.unsafe_compute_mask_ptr(address, num_bytes)  # drops the GIL
 
+    def forced_tokens(self) -> list[int]:
+        """backend.ForcingMatcher: the canonical tokens of the bytes the grammar forces from here."""
+        return self._m.compute_ff_tokens()
+
 
 class LlguidanceBackend:
     """backend.GrammarBackend over one tokenizer; compiled grammars in an LRU keyed by the spec's

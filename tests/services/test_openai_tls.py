@@ -14,15 +14,9 @@ from tandem.security.certs import create_dir
 from tandem.security.tls import TlsConfig
 from tests.services.harness import start_services
 from tests.services.test_openai_api import CHAT
+from tests.services.test_tls import certs  # noqa: F401 (fixture)
 
 KEY = "sk-tandem-https-test"
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("certs")
-    create_dir(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")

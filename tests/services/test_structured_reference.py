@@ -15,8 +15,9 @@ from tandem.structured.llguidance_backend import LlguidanceBackend
 from tandem.structured.spec import StructuredOutput
 from tandem.v1 import generate_pb2 as pb
 from tests.services.eagle_fixtures import tiny_model, trained_head  # noqa: F401 (fixtures)
-from tests.services.harness import generate, start_services
+from tests.services.harness import generate
 from tests.services.test_structured_output import SCHEMAS
+from tests.services.test_structured_speculation import services  # noqa: F401 (fixture: EAGLE chain and tree stacks)
 
 MAX_TOKENS = 60
 PROMPTS = ("The weather today", "Once upon a time, there was")
@@ -73,14 +74,6 @@ def reference(tiny_model):  # noqa: F811
             ids = tok(prompt, add_special_tokens=False).input_ids
             out[name, prompt] = ids, masked_greedy(model, backend, spec, ids)
     return out
-
-
-@pytest.fixture(scope="module", params=["chain", "tree"])
-def services(request, tiny_model, trained_head):  # noqa: F811
-    draft = {"shape": "tree", "tree_top_k": 2, "tree_node_budget": 4} if request.param == "tree" else None
-    s = start_services(tiny_model, draft_model=trained_head, router={"spec_draft_length": 4}, draft=draft)
-    yield s
-    s.stop()
 
 
 @pytest.mark.parametrize("name", SPECS)

@@ -16,7 +16,8 @@ from tandem.ops import AddSequence
 from tandem.sampling.params import SamplingParams
 from tandem.sampling.sampler import probabilities, process_logits
 from tandem.sampling.state import SamplingState
-from tandem.structured.drafting import DraftWalk, ForcingBackend
+from tandem.structured.drafting import DraftWalk
+from tandem.structured.llguidance_backend import LlguidanceBackend
 from tandem.structured.matcher import SequenceGrammar
 from tandem.structured.spec import StructuredOutput
 from tandem.testing.drafts import load_draft_head
@@ -37,7 +38,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def backend(tok):
-    return ForcingBackend(tok.backend_tokenizer.to_str(), -(-len(tok) // 64) * 64, [EOS])
+    return LlguidanceBackend(tok.backend_tokenizer.to_str(), -(-len(tok) // 64) * 64, [EOS])
 
 
 def walk_of(backend, spec, output=()):
